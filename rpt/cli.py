@@ -1,0 +1,56 @@
+"""`rpt <verb>`: each verb is a module in rpt/commands that parses its arguments and calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import rpt.commands
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one clear line, no traceback."""
+
+
+def _verbs() -> list:
+    mods = [importlib.import_module(f"rpt.commands.{m.name}") for m in pkgutil.iter_modules(rpt.commands.__path__)]
+    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rpt", description="Retrieval-Pretrained Transformer: prepare, label, train, "
+                                     "evaluate and generate with a long-document LM that retrieves from itself.")
+    parser.add_argument("--version", action="version", version=f"rpt {rpt.__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>")
+    for mod in _verbs():
+        name = mod.__name__.rsplit(".", 1)[1]
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import rpt.utils
+    from rpt.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (UserError, ConfigError, rpt.utils.MissingDependency, FileNotFoundError, ValueError) as e:
+        # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument.
+        print(f"rpt {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rpt {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

