@@ -1,0 +1,51 @@
+"""`rpt prepare`: tokenize a corpus into per-split token stores (see rpt/data/prepare.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "tokenize a corpus into per-split memory-mapped token stores (train/validation/test) with the tokenizer"
+ORDER = 10
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", help="stdlib | stdlib:<pkg,pkg> | code:<folder> | <folder> | <file.jsonl> | hf:pg19 | "
+                   "hf:codeparrot | hf:proof-pile | hf:<name>@<local folder>  (default: data.corpus, stdlib)")
+    p.add_argument("--tokenizer", help="bpe:<vocab> (trained on the train split, cached) | <tokenizer.json> | "
+                   "<Hugging Face name>  (default: data.tokenizer, bpe:8192)")
+    p.add_argument("--out", help="output folder: <out>/<split>/ stores + tokenizer.json (default: data.store)")
+    p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: data.chunk_size, 64)")
+    p.add_argument("--config", help="a YAML config whose data section gives the defaults of the options above")
+    p.add_argument("--max-documents", type=int, help="keep at most N documents per split")
+    p.add_argument("--splits", help="comma-separated splits to prepare (default: all of the corpus')")
+    p.add_argument("--min-chunks", type=int, default=2,
+                   help="skip documents shorter than this many chunks (default 2: retrieval needs an earlier chunk)")
+    p.add_argument("--force", action="store_true", help="rebuild stores that exist, even when they do not match")
+    p.add_argument("--tokenizer-cache", help="folder for trained tokenizers (default: ~/.cache/rpt/tokenizers, "
+                   "or $RPT_CACHE_DIR/tokenizers)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rpt.cli import UserError
+    from rpt.config import DataConfig, RPTConfig
+    from rpt.data.prepare import format_summary, prepare
+    from rpt.data.store import StoreError
+
+    data = DataConfig()
+    if args.config:
+        if not Path(args.config).is_file():
+            raise UserError(f"--config {args.config}: no such file")
+        data = RPTConfig.from_yaml(Path(args.config)).data
+    splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
+    try:
+        summary = prepare(args.corpus or data.corpus, args.tokenizer or data.tokenizer, args.out or data.store,
+                          chunk_size=args.chunk_size if args.chunk_size is not None else data.chunk_size,
+                          splits=splits, max_documents=args.max_documents, min_chunks=args.min_chunks,
+                          force=args.force, tokenizer_cache=args.tokenizer_cache,
+                          progress=False if args.no_progress else None)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    print(format_summary(summary))
+    return 0
