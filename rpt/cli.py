@@ -8,10 +8,7 @@ import pkgutil
 import sys
 
 import rpt.commands
-
-
-class UserError(Exception):
-    """Bad input from the user: printed as one clear line, no traceback."""
+from rpt.utils import UserError  # noqa: F401  (re-exported: verbs raise rpt.cli.UserError)
 
 
 def _verbs() -> list:

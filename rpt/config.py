@@ -37,7 +37,8 @@ class ModelConfig:
     segment_len: int = 1024  # S, sliding-window stride; each segment also sees the previous one (window 2S)
     cca_layers: list[int] = field(default_factory=lambda: [7, 8, 9, 10, 11])  # upper-decoder layers with CCA
     n_neighbors: int = 2  # K, neighbours per chunk fed to CCA (can be raised at inference)
-    gate: Literal["paper", "official", "bias", "none"] = "paper"  # neighbour gating: max(eta, sigmoid) | 0.1+0.9*sigmoid | additive | off
+    # neighbour gating: max(eta, sigmoid) | 0.1 + 0.9 sigmoid | additive logit bias | off
+    gate: Literal["paper", "official", "bias", "none"] = "paper"
     gate_eta: float = 0.1  # eta, the gate's lower bound (§3.1 footnote)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05

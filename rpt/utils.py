@@ -22,6 +22,10 @@ _INSTALL = {
 }
 
 
+class UserError(Exception):
+    """Bad input from the user: the CLI prints it as one clear line, no traceback."""
+
+
 class MissingDependency(ImportError):
     pass
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 # Two cores here: one thread per test process keeps timings stable and avoids oversubscription.
-torch.set_num_threads(int(os.environ.get("RPT_TEST_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("RPT_TEST_THREADS", "1")))
 
 
 @pytest.fixture(autouse=True)
