@@ -1,0 +1,312 @@
+"""The Retrieval-Pretrained Transformer (§3.1): lower decoder -> retriever -> upper decoder with chunked
+cross-attention. One class serves all variants:
+
+    xl       no retriever, no CCA: the Transformer-XL baseline (sliding-window attention only)
+    retro    CCA fed with neighbour ids from outside (BM25); neighbours are raw lower-decoder states
+    rpt-lex  the full model, retriever trained from BM25 labels
+    rpt-sem  the full model, retriever trained from scoring-LM labels
+
+Dimension letters (used in every shape comment):
+    B batch, T tokens, S segment length, C chunks, M chunk length, K neighbours, D width, V vocabulary.
+
+Two entry points compute the same function: `forward` over a whole sequence (training, short documents) and `step`
+over any number of new tokens continuing an `RPTCache` (long-document evaluation, generation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
+from rpt.config import ModelConfig, RPTConfig
+from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, rotary_cos_sin
+from rpt.model.memory import ChunkMemory, TorchMemory
+from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
+from rpt.model.retriever import ChunkEncoder, Retriever, top_k
+
+
+@dataclass
+class RPTOutput:
+    """What `forward` / `step` return.
+
+    logits            [B, T, V]
+    retrieval_scores  [B, C, C] s_q(c_j) for query chunk i, -inf where j is not retrievable (forward, rpt-* only)
+    neighbor_ids      [B, C, K] chunk ids CCA used (-1 = empty slot); None for xl
+    top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
+    gates             [B, C, K] neighbour gate values
+    chunk_start       index of the first chunk the per-chunk fields describe (0 for forward)
+    """
+
+    logits: torch.Tensor
+    retrieval_scores: torch.Tensor | None = None
+    neighbor_ids: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_scores: torch.Tensor | None = None
+    gates: torch.Tensor | None = None
+    chunk_start: int = 0
+
+
+@dataclass
+class RPTCache:
+    """Everything needed to continue a document: position, per-layer K/V of the sliding window, the lower-decoder
+    states of the unfinished chunk, the document memory, the gating window and the last finished chunk's neighbours."""
+
+    layers: list[KVCache]
+    memory: ChunkMemory | None
+    pos: int = 0
+    partial: torch.Tensor | None = None  # [B, <M, D] lower states of the unfinished chunk
+    gate: GateCache = field(default_factory=GateCache)
+    last_row: NeighbourKV | None = None  # neighbours of the most recently finished chunk (one block row)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: sliding-window self-attention -> (optional) chunked cross-attention -> SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig, with_cca: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.cca_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if with_cca else None
+        self.cca = ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout) if with_cca else None
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.dropout)
+        self.segment_len = cfg.segment_len
+
+    def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighbourKV | None = None,
+                start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        h = self.attn_norm(x)
+        if cache is None:
+            x = x + self.attn(h, *rot, self.segment_len)
+        else:
+            x = x + self.attn.step(h, *rot, cache, self.segment_len)
+        if self.cca is not None and nkv is not None:
+            x = x + self.cca(self.cca_norm(x), nkv, start)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class RPT(nn.Module):
+    def __init__(self, cfg: ModelConfig | RPTConfig) -> None:
+        super().__init__()
+        cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
+        cfg.validate()
+        self.cfg = cfg
+        D, M = cfg.d_model, cfg.chunk_size
+        self.embed = nn.Embedding(cfg.vocab_size, D)
+        self.drop = nn.Dropout(cfg.dropout)
+        retrieval = cfg.uses_retrieval
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, with_cca=retrieval and i in cfg.cca_layers) for i in range(cfg.n_layers)
+        )
+        self.norm = RMSNorm(D, cfg.norm_eps)
+        self.encoder = ChunkEncoder(D, cfg.n_heads, M, cfg.rope_base, cfg.norm_eps, cfg.dropout) if cfg.has_retriever else None
+        self.retriever = Retriever(D, cfg.norm_eps) if cfg.has_retriever else None
+        self.query_aug = (QueryAugmentation(D, cfg.n_heads, cfg.rope_base, cfg.norm_eps, cfg.dropout)
+                          if retrieval and cfg.query_augmentation else None)
+        self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
+                                  cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
+        init_weights(self, cfg.init_std, cfg.n_layers)
+
+    # ------------------------------------------------------------------------------------------------------------
+    @property
+    def lower(self) -> nn.ModuleList:
+        return self.layers[: self.cfg.n_lower]
+
+    @property
+    def upper(self) -> nn.ModuleList:
+        return self.layers[self.cfg.n_lower :]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+
+    def _neighbour_kv(self, chunk_states: torch.Tensor, query_states: torch.Tensor, ids: torch.Tensor,
+                      chunk_idx: torch.Tensor, gate_cache: GateCache | None) -> tuple[NeighbourKV, torch.Tensor | None]:
+        """Assemble, augment and gate neighbours. chunk_states [B, N, M, D] (all chunks so far), query_states
+        [B, Q, M, D] lower states of the query chunks, ids [B, Q, K] -> one block row per query chunk."""
+        nb = gather_neighbours(chunk_states, ids)  # [B, Q, K, 2M, D]
+        valid = ids >= 0  # [B, Q, K]
+        if self.query_aug is not None:
+            nb = self.query_aug(nb, query_states)
+        gates, bias = None, None
+        if self.gate is not None:
+            gates, logit = self.gate(nb, valid, chunk_idx, gate_cache)
+            if self.cfg.gate == "bias":
+                bias = logit[..., None].expand(*logit.shape, nb.shape[3])
+            else:
+                nb = nb * gates[..., None, None].to(nb.dtype)
+        B, Q, K, L, D = nb.shape
+        mask = valid[..., None].expand(B, Q, K, L)
+        nkv = NeighbourKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L),
+                          None if bias is None else bias.reshape(B, Q, K * L), first_block=0)
+        return nkv, gates
+
+    @staticmethod
+    def _choose(own: torch.Tensor | None, supplied: torch.Tensor | None, use_supplied: torch.Tensor | None) -> torch.Tensor:
+        if supplied is None:
+            assert own is not None, "this variant needs neighbor_ids (e.g. BM25 neighbours for retro)"
+            return own
+        if own is None or use_supplied is None:
+            return supplied
+        return torch.where(use_supplied[..., None], supplied, own)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
+                use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
+                retrieve_k: int | None = None) -> RPTOutput:
+        """input_ids [B, T]. neighbor_ids [B, C, K'] supplied neighbour chunk ids (sequence-relative, -1 = empty):
+        BM25 for retro, gold for scheduled sampling, oracle at evaluation. use_supplied [B, C] picks supplied over
+        the retriever's own top-K per query chunk (None: supplied everywhere when given). Supplied ids that break the
+        retrievable rule are dropped, so no caller can leak the future."""
+        cfg = self.cfg
+        B, T = input_ids.shape
+        S, M = cfg.segment_len, cfg.chunk_size
+        K = n_neighbors or cfg.n_neighbors
+        Tp = -(-T // S) * S  # right-pad to whole segments: padding comes after every real token, so it is inert
+        ids = F.pad(input_ids, (0, Tp - T))
+        rot = self._rot(0, Tp, ids.device)
+        x = self.drop(self.embed(ids))  # [B, Tp, D]
+        for layer in self.lower:
+            x = layer(x, rot)
+        out = RPTOutput(logits=x)
+        nkv = None
+        if cfg.uses_retrieval:
+            C = Tp // M
+            lower_states = x.view(B, C, M, -1)  # [B, C, M, D]
+            chunk_states = self.encoder(lower_states) if self.encoder is not None else lower_states
+            own = None
+            if self.retriever is not None:
+                scores = self.retriever.scores(chunk_states.mean(2), M, S)  # [B, C, C]
+                top_ids, top_scores = top_k(scores, max(K, retrieve_k or K))
+                own = top_ids[..., :K]
+                out.retrieval_scores, out.top_ids, out.top_scores = scores[:, : T // M, : T // M], top_ids, top_scores
+            supplied = None
+            if neighbor_ids is not None:
+                supplied = F.pad(neighbor_ids[..., :K], (0, max(0, K - neighbor_ids.shape[-1]), 0, C - neighbor_ids.shape[1]),
+                                 value=-1)
+                allowed = retrievable_mask(C, M, S, ids.device)  # [C, C]
+                ok = allowed[torch.arange(C, device=ids.device)[:, None], supplied.clamp(min=0)] & (supplied >= 0)
+                supplied = supplied.masked_fill(~ok, -1)
+                if use_supplied is not None:
+                    use_supplied = F.pad(use_supplied, (0, C - use_supplied.shape[1]), value=False)
+            chosen = self._choose(own, supplied, use_supplied)  # [B, C, K]
+            row, out.gates = self._neighbour_kv(chunk_states, lower_states, chosen, torch.arange(C, device=ids.device), None)
+            # block r uses chunk r-1's neighbours: prepend an empty row for block 0 (tokens 0..M-2 see only the null)
+            nkv = NeighbourKV(F.pad(row.states, (0, 0, 0, 0, 1, 0)), F.pad(row.mask, (0, 0, 1, 0), value=False),
+                              None if row.bias is None else F.pad(row.bias, (0, 0, 1, 0)), first_block=0)
+            out.neighbor_ids = chosen[:, : T // M]
+        for layer in self.upper:
+            x = layer(x, rot, nkv, 0)
+        out.logits = self._logits(x)[:, :T]
+        return out
+
+    # ------------------------------------------------------------------------------------------------------------
+    def new_cache(self, memory: ChunkMemory | Callable[[], ChunkMemory] | None = None) -> RPTCache:
+        """A fresh cache for one batch of documents (start every document with a new cache)."""
+        mem = None
+        if self.cfg.uses_retrieval:
+            mem = memory() if callable(memory) else (memory or TorchMemory())
+        return RPTCache(layers=[KVCache() for _ in self.layers], memory=mem)
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, cache: RPTCache, neighbor_ids: torch.Tensor | None = None,
+             use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
+             retrieve_k: int | None = None) -> RPTOutput:
+        """Continue the documents in `cache` with input_ids [B, n] (any n >= 1); returns logits [B, n, V] and the
+        retrieval results of the chunks that finished in this call. neighbor_ids/use_supplied are indexed by
+        document-absolute chunk id ([B, C_doc, K'], [B, C_doc]) and must cover every chunk finished by this call."""
+        S = self.cfg.segment_len
+        outs: list[RPTOutput] = []
+        i = 0
+        n = input_ids.shape[1]
+        while i < n:  # pieces never cross a segment boundary (a bounded loop: n / S pieces)
+            take = min(n - i, S - cache.pos % S)
+            outs.append(self._step_piece(input_ids[:, i : i + take], cache, neighbor_ids, use_supplied,
+                                         n_neighbors or self.cfg.n_neighbors, retrieve_k))
+            i += take
+        return _concat_outputs(outs)
+
+    def _step_piece(self, input_ids: torch.Tensor, cache: RPTCache, neighbor_ids: torch.Tensor | None,
+                    use_supplied: torch.Tensor | None, K: int, retrieve_k: int | None) -> RPTOutput:
+        cfg = self.cfg
+        M, S = cfg.chunk_size, cfg.segment_len
+        B, n = input_ids.shape
+        p0 = cache.pos
+        rot = self._rot(p0, n, input_ids.device)
+        x = self.embed(input_ids)
+        for layer, lc in zip(self.lower, cache.layers[: cfg.n_lower], strict=True):
+            x = layer(x, rot, cache=lc)
+        out = RPTOutput(logits=x)
+        nkv = None
+        if cfg.uses_retrieval:
+            mem = cache.memory
+            assert mem is not None
+            c0 = mem.n_chunks
+            buf = x if cache.partial is None else torch.cat([cache.partial, x], dim=1)
+            nc = buf.shape[1] // M
+            cache.partial = buf[:, nc * M :]
+            rows = [cache.last_row] if cache.last_row is not None else [self._empty_row(B, K, x)]
+            if nc:
+                lower_states = buf[:, : nc * M].reshape(B, nc, M, -1)  # [B, nc, M, D]
+                chunk_states = self.encoder(lower_states) if self.encoder is not None else lower_states
+                mem.add_states(chunk_states)
+                chunk_idx = torch.arange(c0, c0 + nc, device=x.device)
+                limit = int(last_retrievable(c0, M, S))  # same for every chunk of this piece: one segment
+                own = None
+                if self.retriever is not None:
+                    pooled = chunk_states.mean(2)
+                    mem.add_keys(self.retriever.keys(pooled))
+                    top_ids, top_scores = mem.search(self.retriever.queries(pooled), limit, max(K, retrieve_k or K))
+                    own = top_ids[..., :K]
+                    out.top_ids, out.top_scores = top_ids, top_scores
+                supplied, use = None, None
+                if neighbor_ids is not None:
+                    sup = neighbor_ids[:, c0 : c0 + nc, :K]
+                    assert sup.shape[1] == nc, f"neighbor_ids must cover chunks up to {c0 + nc - 1}"
+                    sup = F.pad(sup, (0, K - sup.shape[-1]), value=-1)
+                    supplied = sup.masked_fill(sup > limit, -1)
+                    use = None if use_supplied is None else use_supplied[:, c0 : c0 + nc]
+                chosen = self._choose(own, supplied, use)
+                row, out.gates = self._neighbour_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate)
+                out.neighbor_ids, out.chunk_start = chosen, c0
+                rows.append(row)
+                cache.last_row = NeighbourKV(row.states[:, -1:], row.mask[:, -1:],
+                                             None if row.bias is None else row.bias[:, -1:], first_block=0)
+            # rows cover chunks c0-1 .. c0+nc-1, i.e. blocks c0 .. c0+nc
+            nkv = NeighbourKV(torch.cat([r.states for r in rows], 1), torch.cat([r.mask for r in rows], 1),
+                              None if rows[-1].bias is None else torch.cat([r.bias for r in rows], 1), first_block=c0)
+        for layer, lc in zip(self.upper, cache.layers[cfg.n_lower :], strict=True):
+            x = layer(x, rot, nkv, p0, cache=lc)
+        out.logits = self._logits(x)
+        cache.pos += n
+        return out
+
+    def _empty_row(self, B: int, K: int, x: torch.Tensor) -> NeighbourKV:
+        L = K * 2 * self.cfg.chunk_size
+        bias = x.new_zeros(B, 1, L) if self.cfg.gate == "bias" else None
+        return NeighbourKV(x.new_zeros(B, 1, L, x.shape[-1]), torch.zeros(B, 1, L, dtype=torch.bool, device=x.device),
+                           bias, first_block=0)
+
+
+def _concat_outputs(outs: list[RPTOutput]) -> RPTOutput:
+    if len(outs) == 1:
+        return outs[0]
+
+    def cat(name: str) -> torch.Tensor | None:
+        parts = [getattr(o, name) for o in outs if getattr(o, name) is not None]
+        return torch.cat(parts, 1) if parts else None
+
+    with_chunks = [o for o in outs if o.neighbor_ids is not None]
+    return RPTOutput(logits=cat("logits"), neighbor_ids=cat("neighbor_ids"), top_ids=cat("top_ids"),
+                     top_scores=cat("top_scores"), gates=cat("gates"),
+                     chunk_start=with_chunks[0].chunk_start if with_chunks else 0)
