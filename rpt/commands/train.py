@@ -1,0 +1,146 @@
+"""`rpt train`: train RPT (or the xl / retro baselines) on a token store, resuming where a run left off (rpt/train/)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+HELP = "train an RPT model (variants xl, retro, rpt-lex, rpt-sem) on a token store; resumes an interrupted run"
+ORDER = 30
+
+# command-line flag -> dotted config key (applied on top of the preset / config file, before --set)
+_FLAGS = {
+    "variant": "model.variant", "vocab_size": "model.vocab_size", "seq_len": "data.seq_len", "steps": "train.steps",
+    "batch_size": "train.batch_size", "grad_accum": "train.grad_accum", "lr": "train.lr", "seed": "train.seed",
+    "optimizer": "train.optimizer", "precision": "train.precision", "out": "train.out_dir", "store": "data.store",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.config import PRESETS, VARIANTS
+
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="YAML config (it may name a `preset:` and override parts of it)")
+    src.add_argument("--preset", choices=list(PRESETS), help="a named preset")
+    p.add_argument("--variant", choices=VARIANTS, help="model.variant")
+    p.add_argument("--store", help="token store root written by `rpt prepare` (trains on <store>/train; default data.store)")
+    p.add_argument("--labels", help="label store of the train split, span = data.seq_len (retro, rpt-lex, rpt-sem; "
+                   "default: <store>/labels/train-<kind>-<seq_len> when it exists)")
+    p.add_argument("--steps", type=int, help="train.steps")
+    p.add_argument("--out", help="run folder: checkpoints, log.jsonl, config.yaml (train.out_dir)")
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch per process (train.batch_size)")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per update (train.grad_accum)")
+    p.add_argument("--lr", type=float, help="peak learning rate (train.lr)")
+    p.add_argument("--seq-len", type=int, help="training sequence length (data.seq_len)")
+    p.add_argument("--seed", type=int, help="train.seed")
+    p.add_argument("--optimizer", choices=["adamw", "adabelief"], help="train.optimizer")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16 autocast on GPUs)")
+    p.add_argument("--vocab-size", type=int, help="model.vocab_size (with --preset, default: the store's tokenizer's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any config field, value in YAML, e.g. --set train.tau_max=4 --set model.cca_layers=[2,3]")
+    p.add_argument("--no-resume", action="store_true", help="start afresh; refused if --out already holds checkpoints")
+    p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many updates of this call")
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP (torchrun on GPUs, for the 1b preset)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    from rpt.cli import UserError
+
+    parts = dotted.split(".")
+    if len(parts) != 2 or parts[0] not in ("model", "data", "train", "eval"):
+        raise UserError(f"--set {dotted}: keys look like model.d_model, data.seq_len, train.lr or eval.split")
+    doc.setdefault(parts[0], {})[parts[1]] = value
+
+
+def config_from_args(args: argparse.Namespace):
+    """The run's RPTConfig: the preset or config file, then the flags, then --set overrides (validated once)."""
+    import yaml
+
+    from rpt.cli import UserError
+    from rpt.config import RPTConfig
+
+    if args.config:
+        if not Path(args.config).is_file():
+            raise UserError(f"--config {args.config}: no such file")
+        doc = yaml.safe_load(Path(args.config).read_text()) or {}
+        if not isinstance(doc, dict):
+            raise UserError(f"--config {args.config} is not a YAML mapping")
+    else:
+        doc = {"preset": args.preset}
+    for flag, key in _FLAGS.items():
+        if getattr(args, flag, None) is not None:
+            _set(doc, key, getattr(args, flag))
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--set {item}: expected KEY=VALUE")
+        _set(doc, key.strip(), yaml.safe_load(value))
+    if args.preset and "vocab_size" not in doc.get("model", {}):
+        # a preset's vocabulary is a placeholder: take the store's tokenizer's
+        store = doc.get("data", {}).get("store") or RPTConfig.from_preset(args.preset).data.store
+        _set(doc, "model.vocab_size", _store_vocab(store))
+    return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _store_vocab(store_root: str) -> int:
+    from rpt.cli import UserError
+    from rpt.data.store import StoreError
+    from rpt.train.data import open_store
+
+    try:
+        tok = open_store(store_root).tokenizer_id
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    if "vocab_size" not in tok:
+        raise UserError(f"the store {store_root} does not record its vocabulary size: pass --vocab-size")
+    return int(tok["vocab_size"])
+
+
+def default_labels(store_root: str, variant: str, seq_len: int) -> Path | None:
+    """The label folder `rpt label` writes by default for this variant: sem for rpt-sem, lex (else sem) otherwise."""
+    from rpt.labels.store import default_label_path
+
+    kinds = {"xl": [], "rpt-sem": ["sem"]}.get(variant, ["lex", "sem"])
+    for kind in kinds:
+        path = default_label_path(store_root, "train", kind, seq_len)
+        if (path / "manifest.json").exists():
+            return path
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from rpt.cli import UserError
+    from rpt.data.store import StoreError
+    from rpt.train.loop import NonFiniteLoss, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = config_from_args(args)
+    labels = args.labels
+    if labels is None and cfg.model.variant != "xl":
+        labels = default_labels(cfg.data.store, cfg.model.variant, cfg.data.seq_len)
+        if labels is None:
+            raise UserError(f"variant {cfg.model.variant} needs retrieval labels: pass --labels (made by `rpt label` "
+                            f"with span {cfg.data.seq_len})")
+    try:
+        result = train(cfg, cfg.data.store, labels, resume=not args.no_resume, fsdp=args.fsdp, device=args.device,
+                       stop_after=args.stop_after, progress=not args.no_progress)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    except NonFiniteLoss as e:
+        print(f"rpt train: stopped: {e}")
+        return 1
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    m = result.metrics
+    loss = f", lm loss {m['lm_loss']:.4f}" if "lm_loss" in m else ""
+    print(f"trained {cfg.model.variant} to step {result.step}{loss}; checkpoint {result.checkpoint}; "
+          f"log {result.out_dir / 'log.jsonl'}")
+    return 0

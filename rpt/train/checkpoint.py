@@ -1,0 +1,201 @@
+"""Checkpoints that resume exactly: weights, optimiser, step, RNG states, data position and the config.
+
+Layout of ``<out_dir>/checkpoints/step_<step:08d>/`` (written as ``.step_<step>.tmp`` and renamed into place, so a
+folder without the dot is always complete)::
+
+    model.safetensors  weights; tensors shared by several names (the tied embedding) are stored once and the other
+                       names are listed in the metadata key "aliases" (JSON {alias: stored name})
+    optimizer.pt       optimizer.state_dict()  (torch.save; loads with weights_only=True)
+    rng.pt             per-rank RNG states: python `random`, numpy, torch CPU, torch CUDA
+    state.json         {"step", "data", "world_size", "metrics", "rpt_version"}; "step" = updates done
+    config.yaml        the full RPTConfig of the run
+
+`latest(out_dir)` finds the newest complete checkpoint; `prune` keeps the last k.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from rpt.config import RPTConfig
+from rpt.utils import write_json_atomic
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def step_path(out_dir: str | Path, step: int) -> Path:
+    return checkpoint_dir(out_dir) / f"step_{step:08d}"
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = checkpoint_dir(out_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "state.json").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def latest(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder under `out_dir`, or None."""
+    cps = list_checkpoints(out_dir)
+    return cps[-1] if cps else None
+
+
+def prune(out_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps everything)."""
+    if keep_last <= 0:
+        return
+    for p in list_checkpoints(out_dir)[:-keep_last]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# weights
+
+
+def _dedup(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Store each shared tensor once: returns (tensors to save, {alias: stored name})."""
+    seen: dict[tuple, str] = {}
+    keep: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        if t.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        keep[name] = t.detach().contiguous()
+    return keep, aliases
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    tensors, aliases = _dedup(state)
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(path), metadata={"aliases": json.dumps(aliases), **(metadata or {})})
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A full state dict from model.safetensors, aliases expanded."""
+    from safetensors import safe_open
+
+    state = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    for alias, name in aliases.items():
+        state[alias] = state[name]
+    return state
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a checkpoint's weights into `model` (strict). `path` is model.safetensors or its checkpoint folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    model.load_state_dict(read_weights(path), strict=True)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# RNG
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states, in types that torch.load(weights_only=True) accepts."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]), int(np_state[3]),
+                  float(np_state[4])),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_to_tuples(state["python"]))
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_tuples(x: Any) -> Any:
+    return tuple(_to_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# --------------------------------------------------------------------------------------------------------------
+# whole checkpoints
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    rng: list[dict[str, Any]]  # one per rank of the run that wrote it
+    data: dict[str, Any]
+    metrics: dict[str, Any]
+    config: RPTConfig
+
+
+def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+         cfg: RPTConfig, rng: list[dict[str, Any]], data: dict[str, Any], metrics: dict[str, Any] | None = None,
+         keep_last: int = 0) -> Path:
+    """Write a checkpoint atomically (rank 0 only), then prune old ones. Returns the final folder."""
+    import rpt
+
+    final = step_path(out_dir, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_weights(model_state, tmp / "model.safetensors", metadata={"step": str(step)})
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save(rng, tmp / "rng.pt")
+    cfg.to_yaml(tmp / "config.yaml")
+    write_json_atomic(tmp / "state.json", {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
+                                           "rpt_version": rpt.__version__})
+    if final.exists():  # the same step saved again (a resumed run that re-reached it): replace it
+        old = final.with_name(f".{final.name}.old")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    prune(out_dir, keep_last)
+    return final
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Read a checkpoint folder written by `save`."""
+    path = Path(path)
+    if not (path / "state.json").exists():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no state.json)")
+    state = json.loads((path / "state.json").read_text())
+    return Checkpoint(
+        path=path,
+        step=int(state["step"]),
+        model=read_weights(path / "model.safetensors"),
+        optimizer=torch.load(path / "optimizer.pt", map_location=map_location, weights_only=True),
+        rng=torch.load(path / "rng.pt", weights_only=True),
+        data=state["data"],
+        metrics=state.get("metrics", {}),
+        config=RPTConfig.from_yaml(path / "config.yaml"),
+    )

@@ -1,0 +1,425 @@
+"""The one training loop (§3.3-3.4, App. A): CPU, one GPU, or torchrun with DDP (FSDP behind a flag).
+
+    loss = L_LM + alpha_ret * L_ret          (rpt-lex, rpt-sem; xl and retro train on L_LM alone)
+
+Each step takes a global batch of batch_size * grad_accum * world_size sequences. Both losses are means over the
+global batch (tokens for L_LM, LambdaRank pairs for L_ret): their denominators are summed over all micro-batches and
+ranks *before* the forward passes (they depend on the data only), and every micro-batch's sum is divided by them in
+`losses.normalise`. Metrics are reduced the same way: numerators and denominators summed over ranks, divided once.
+
+Side effects (log, TensorBoard, progress bar, checkpoints) happen on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rpt.chunks import retrievable_mask
+from rpt.config import ModelConfig, RPTConfig
+from rpt.data.store import StoreError
+from rpt.train import checkpoint as ckpt_io
+from rpt.train import distributed as D
+from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
+from rpt.train.losses import (
+    Sum,
+    count_pairs,
+    lambdarank_loss,
+    lm_loss,
+    lm_token_count,
+    normalise,
+    recall_at_k,
+    relevance_from_candidates,
+)
+from rpt.train.optim import build_optimizer, clip_gradients, set_lr
+from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm became inf/nan; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class TrainResult:
+    step: int  # updates done
+    out_dir: Path
+    checkpoint: Path | None  # the newest checkpoint
+    metrics: dict[str, float] = field(default_factory=dict)  # the last logged line
+
+
+# --------------------------------------------------------------------------------------------------------------
+# what the model and the losses get from a batch
+
+
+@dataclass
+class StepInputs:
+    """A micro-batch on the device, with the model's retrieval inputs and the LambdaRank targets."""
+
+    batch: Batch
+    model_kwargs: dict[str, torch.Tensor]
+    relevance: torch.Tensor | None = None  # [B, C, C] target relevance per (query chunk, chunk), -inf = not a candidate
+    positive: torch.Tensor | None = None  # [B, C, C] bool, the gold set
+    retrievable: torch.Tensor | None = None  # [C, C] bool
+
+
+def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: torch.device) -> StepInputs:
+    """Move a micro-batch to `device` and build the variant's retrieval inputs.
+
+    xl: none. retro: neighbor_ids = the BM25 top-K candidates (the query (c_q, c_t) of the label pipeline).
+    rpt-lex / rpt-sem: LambdaRank targets (positives = all BM25 candidates with relevance BM25 / candidates with
+    s_t > 0 with relevance s_t), and scheduled sampling: gold top-K neighbour ids + a per-chunk use_supplied draw,
+    keyed by (seed, the sequence's stream position).
+    """
+    batch = batch.to(device)
+    variant, K = mcfg.variant, mcfg.n_neighbors
+    if variant == "xl":
+        return StepInputs(batch, {})
+    assert batch.candidates is not None and batch.bm25 is not None and batch.target is not None
+    B, T = batch.input_ids.shape
+    C = T // mcfg.chunk_size
+    cands = batch.candidates
+    if variant == "retro":
+        rel, present = relevance_from_candidates(cands, batch.bm25, C)
+        return StepInputs(batch, {"neighbor_ids": gold_neighbors(rel, present, K)})
+    if variant == "rpt-sem":
+        rel, pos = relevance_from_candidates(cands, batch.target, C, positive=batch.target > 0)  # NaN > 0 is False
+    else:
+        rel, pos = relevance_from_candidates(cands, batch.bm25, C)
+    keys = [sampling_key(seed, int(p)) for p in batch.position.tolist()] if batch.position is not None else list(range(B))
+    kwargs = {"neighbor_ids": gold_neighbors(rel, pos, K), "use_supplied": sample_gold_mask(keys, C, p_ss, device)}
+    return StepInputs(batch, kwargs, rel, pos, retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device))
+
+
+def sampling_key(seed: int, position: int) -> int:
+    """The scheduled-sampling seed of the sequence at `position` in the data stream (each position is used once)."""
+    return int(np.random.SeedSequence([seed, position]).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# logging (rank 0)
+
+
+class RunLog:
+    """JSONL always (``<out_dir>/log.jsonl``), TensorBoard when asked, a tqdm bar when `progress`."""
+
+    def __init__(self, out_dir: Path, start: int, total: int, enabled: bool, tensorboard: bool, progress: bool) -> None:
+        self.enabled = enabled
+        self.path = out_dir / "log.jsonl"
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # a resumed run: drop lines of steps after the checkpoint, they are about to be redone
+            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= start]
+            self.path.write_text("".join(ln + "\n" for ln in kept))
+        if tensorboard:
+            from rpt.utils import require
+
+            self.tb = require("torch.utils.tensorboard", "train.tensorboard").SummaryWriter(str(out_dir / "tensorboard"))
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
+
+    def write(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+        if self.bar is not None:
+            self.bar.set_postfix(lm=f"{row['lm_loss']:.3f}", refresh=False)
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+# metric slots summed per step and over a log window: numerators and their denominators
+_LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOK = range(7)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the loop
+
+
+def _default_model(mcfg: ModelConfig) -> nn.Module:
+    from rpt.model.rpt import RPT
+
+    return RPT(mcfg)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the optimizer's order: index i of optimizer.state_dict() is names[i]."""
+    name = {id(p): n for n, p in D.unwrap(model).named_parameters()}
+    return [name[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model state, optimizer state) of the whole model, in the single-process format (optimizer state keyed by
+    parameter index). A collective under FSDP: the full tensors are gathered to rank 0 (the others get {})."""
+    if not D.is_fsdp(model):
+        return D.unwrap(model).state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+    if not osd:
+        return msd, {}
+    index = {n: i for i, n in enumerate(_param_names(model, optimizer))}  # FQN-keyed -> index-keyed
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]
+    return msd, {"state": {index[n]: s for n, s in osd["state"].items()}, "param_groups": groups}
+
+
+def _load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, cp: ckpt_io.Checkpoint) -> None:
+    if not D.is_fsdp(model):
+        D.unwrap(model).load_state_dict(cp.model, strict=True)
+        optimizer.load_state_dict(cp.optimizer)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, cp.model, options=opts)
+    names = _param_names(model, optimizer)
+    osd = cp.optimizer
+    fqn = {"state": {names[int(i)]: s for i, s in osd["state"].items()},
+           "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, fqn, options=opts)
+
+
+def _check_config(cfg: RPTConfig) -> None:
+    cfg.validate()
+    t = cfg.train
+    for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every"):
+        if getattr(t, name) < 1:
+            raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+
+
+def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
+          fsdp: bool = False, device: str | None = None, stop_after: int | None = None, progress: bool = True,
+          model_factory: Callable[[ModelConfig], nn.Module] | None = None,
+          on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train `cfg.model` on the token store under `store_root` (default cfg.data.store) for cfg.train.steps updates.
+
+    labels_path: the label store of the training split (needed by retro, rpt-lex, rpt-sem; span = data.seq_len).
+    resume: continue from the newest checkpoint in cfg.train.out_dir if there is one (exactly: same weights,
+        optimiser, RNG and data position). With resume=False an out_dir that already holds checkpoints is refused.
+    fsdp: shard with FullyShardedDataParallel (torchrun only; meant for the 1b preset on GPUs).
+    device: "cpu" / "cuda" / None (= cuda when available). Under torchrun each rank takes cuda:LOCAL_RANK.
+    stop_after: stop (with a checkpoint) after this many updates of this call, e.g. to fit a time budget.
+    model_factory: builds the model from cfg.model (default rpt.RPT); the model must follow RPT's forward signature.
+    on_step: called on every rank after each update with (updates done, that step's metrics).
+    Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
+    """
+    _check_config(cfg)
+    info = D.setup(device)
+    try:
+        return _train(cfg, info, store_root, labels_path, resume, fsdp, stop_after, progress, model_factory or _default_model,
+                      on_step)
+    finally:
+        D.teardown(info)
+
+
+def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labels_path: str | Path | None, resume: bool,
+           fsdp: bool, stop_after: int | None, progress: bool, model_factory: Callable[[ModelConfig], nn.Module],
+           on_step: Callable[[int, dict[str, float]], None] | None) -> TrainResult:
+    tc, mcfg = cfg.train, cfg.model
+    out_dir = Path(tc.out_dir)
+    dev = info.device
+
+    # ---- inputs, all checked before anything is built or written
+    store = open_store(store_root if store_root is not None else cfg.data.store)
+    try:
+        store.check_compatible(chunk_size=cfg.data.chunk_size, vocab_size=mcfg.vocab_size)
+    except StoreError as e:
+        raise ValueError(str(e)) from e
+    labels = None
+    if mcfg.variant != "xl":
+        if labels_path is None:
+            raise ValueError(f"variant {mcfg.variant} needs retrieval labels: pass labels_path (rpt train --labels PATH, "
+                             f"built by `rpt label` with span = data.seq_len {cfg.data.seq_len})")
+        labels = open_labels(labels_path)
+        check_labels(labels, store, cfg)
+    dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
+    stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
+
+    last = ckpt_io.latest(out_dir)
+    if last is not None and not resume:
+        raise ValueError(f"{out_dir} already holds checkpoints (newest {last.name}): resume, or choose another out_dir")
+    cp = ckpt_io.load(last) if last is not None else None
+    if cp is not None and cp.config.model != mcfg:
+        raise ValueError(f"{last} was trained with another model config; resume with the same model or another out_dir")
+
+    # ---- model, optimiser, state
+    _seed_everything(tc.seed)
+    model = model_factory(mcfg).to(dev)
+    model = D.wrap(model, info, fsdp=fsdp)
+    optimizer = build_optimizer(model, tc)
+    start = 0
+    if cp is not None:
+        _load_full_state(model, optimizer, cp)
+        stream.load_state_dict(cp.data)
+        start = cp.step
+        if len(cp.rng) == info.world_size:
+            ckpt_io.set_rng_state(cp.rng[info.rank])
+        else:
+            warnings.warn(f"{last} was written by {len(cp.rng)} ranks, this run has {info.world_size}: RNG streams reseeded",
+                          stacklevel=2)
+            _seed_everything(tc.seed + start * 7919 + info.rank)
+    elif info.rank:
+        torch.manual_seed(tc.seed + info.rank)  # dropout differs across ranks; weights were broadcast by DDP
+    del cp
+
+    use_bf16 = tc.precision == "bf16" and dev.type == "cuda"
+    if tc.precision == "bf16" and not use_bf16:
+        warnings.warn("train.precision=bf16 is for GPUs (bf16 matmuls are ~600x slower on these CPUs): training in fp32",
+                      stacklevel=2)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+
+    log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress)
+    if info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cfg.to_yaml(out_dir / "config.yaml")
+
+    def save(step: int, metrics: dict[str, float]) -> Path | None:
+        model_state, optim_state = _full_state(model, optimizer)
+        rngs = D.all_gather_object(ckpt_io.rng_state(), info)
+        path = None
+        if info.is_main:
+            path = ckpt_io.save(out_dir, step, model_state, optim_state, cfg, rngs, stream.state_dict(), metrics, tc.keep_last)
+        D.barrier(info)
+        return path
+
+    retriever = mcfg.has_retriever
+    window = torch.zeros(7, dtype=torch.float64)
+    window_grad, window_steps, t_window = 0.0, 0, time.perf_counter()
+    last_row: dict[str, float] = {}
+    step = start
+    checked_scores = False
+    try:
+        while step < tc.steps:
+            lr, tau = learning_rate(step, tc), margin(step, tc)
+            alpha = retrieval_weight(step, tc) if retriever else 0.0
+            p_ss = sampling_probability(step, tc) if retriever else 0.0
+            set_lr(optimizer, lr)
+            micro = [prepare(b, mcfg, p_ss, tc.seed, dev) for b in stream.next_step()]
+
+            # global denominators, known before any forward pass
+            denom = torch.zeros(2, device=dev)
+            for x in micro:
+                denom[0] += lm_token_count(x.batch.loss_mask)
+                if retriever:
+                    denom[1] += count_pairs(x.relevance, x.positive, x.retrievable)
+            D.all_reduce_sum(denom, info)
+
+            model.train()
+            sums = torch.zeros(7, device=dev, dtype=torch.float64)
+            for m, x in enumerate(micro):
+                with D.maybe_no_sync(model, m < len(micro) - 1):
+                    with autocast():
+                        out = model(x.batch.input_ids, **x.model_kwargs)
+                    lm = lm_loss(out.logits, x.batch.input_ids, x.batch.loss_mask)
+                    loss = normalise(lm.total, denom[0], info.world_size)
+                    zero = lm.total.new_zeros(())
+                    ret = rec = Sum(zero, zero)
+                    if retriever:
+                        scores = out.retrieval_scores
+                        if not checked_scores:
+                            _check_scores(scores, x.retrievable)
+                            checked_scores = True
+                        ret = lambdarank_loss(scores, x.relevance, x.positive, tau, x.retrievable)
+                        loss = loss + alpha * normalise(ret.total, denom[1], info.world_size)
+                        rec = recall_at_k(scores, x.positive & x.retrievable, mcfg.n_neighbors)
+                    loss.backward()
+                sums += torch.stack([t.detach().double() for t in (*lm, *ret, *rec, x.batch.loss_mask.sum())])
+                del out, loss
+            D.all_reduce_sum(sums, info)
+            s = sums.cpu()
+            lm_mean, ret_mean = normalise(s[_LM], s[_LM_N]).item(), normalise(s[_RET], s[_RET_N]).item()
+            grad_norm = float(clip_gradients(model, tc.grad_clip))
+            if not (math.isfinite(lm_mean) and math.isfinite(ret_mean) and math.isfinite(grad_norm)):
+                optimizer.zero_grad(set_to_none=True)
+                good = ckpt_io.latest(out_dir)
+                raise NonFiniteLoss(f"non-finite loss at step {step + 1} (lm {lm_mean:.4g}, retrieval {ret_mean:.4g}, grad norm "
+                                    f"{grad_norm:.4g}); the last good checkpoint is "
+                                    f"{good if good is not None else 'none (no checkpoint was written yet)'}")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+            window += s
+            window_grad += grad_norm
+            window_steps += 1
+            step_metrics = {"lm_loss": lm_mean, "ret_loss": ret_mean, "lr": lr, "tau": tau, "alpha_ret": alpha, "p_ss": p_ss,
+                            "grad_norm": grad_norm}
+            log.tick()
+            done = step == tc.steps or (stop_after is not None and step - start >= stop_after)
+            checkpoint_now = step % tc.checkpoint_every == 0 or done
+            # a checkpoint also closes the log window, so a resumed run logs exactly what an uninterrupted one does
+            if step % tc.log_every == 0 or checkpoint_now:
+                now = time.perf_counter()
+                last_row = _log_row(step, window, window_grad / window_steps, now - t_window, step_metrics, retriever,
+                                    mcfg.n_neighbors)
+                log.write(last_row)
+                window.zero_()
+                window_grad, window_steps, t_window = 0.0, 0, now
+            if checkpoint_now:
+                save(step, last_row)
+                t_window = time.perf_counter()  # tokens/s leaves the checkpoint's time out
+            if on_step is not None:
+                on_step(step, step_metrics)
+            if done:
+                break
+    finally:
+        log.close()
+    return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row)
+
+
+def _check_scores(scores: torch.Tensor, retrievable: torch.Tensor) -> None:
+    """The model must mask exactly the chunks that rpt.chunks calls not retrievable (the pair count relies on it)."""
+    if scores is None:
+        raise ValueError("the model returned no retrieval_scores for a variant with a retriever")
+    if not torch.equal(torch.isfinite(scores), retrievable.expand_as(scores)):
+        raise RuntimeError("retrieval_scores are -inf on a different set of chunks than rpt.chunks.retrievable_mask: "
+                           "the model and the retrievable rule disagree")
+
+
+def _log_row(step: int, w: torch.Tensor, grad_norm: float, seconds: float, cur: dict[str, float], retriever: bool,
+             k: int) -> dict[str, float]:
+    """One log line: window means computed as summed numerators over summed denominators."""
+    row: dict[str, Any] = {"step": step, "lm_loss": normalise(w[_LM], w[_LM_N]).item()}
+    if retriever:
+        row["ret_loss"] = normalise(w[_RET], w[_RET_N]).item()
+        row[f"recall@{k}"] = normalise(w[_REC], w[_REC_N]).item()
+        row["ret_pairs"] = w[_RET_N].item()
+    row.update({"tokens": int(w[_TOK].item()), "tokens_per_s": w[_TOK].item() / max(seconds, 1e-9), "lr": cur["lr"],
+                "tau": cur["tau"], "alpha_ret": cur["alpha_ret"], "p_ss": cur["p_ss"], "grad_norm": grad_norm})
+    return row

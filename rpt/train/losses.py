@@ -1,0 +1,203 @@
+"""Losses of §3.3: the token-level LM loss and the LambdaRank retrieval loss, plus retrieval recall for logging.
+
+Every loss here returns a `Sum` (total, count) rather than a mean. The mean is taken once, by `normalise`, with
+the denominator of the *global* batch (all micro-batches of a step on all ranks). That single function is what
+makes gradient accumulation and DDP give the same update as one big batch on one device:
+
+    loss_micro = normalise(sum_micro, count_global, world_size)   # world_size undoes DDP's gradient averaging
+
+Dimension letters: B batch, T tokens, C chunks, N query chunks (usually B*C flattened), P positives per query,
+K neighbours, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class Sum(NamedTuple):
+    """An un-normalised loss or metric: `total` summed over `count` items (both tensors, reduce-able by all-reduce)."""
+
+    total: torch.Tensor
+    count: torch.Tensor
+
+    def mean(self) -> torch.Tensor:
+        return normalise(self.total, self.count)
+
+
+def normalise(total: torch.Tensor, count: torch.Tensor | float, world_size: int = 1) -> torch.Tensor:
+    """The one place where sums become means: ``total * world_size / max(count, 1)``.
+
+    `count` is the denominator of the whole global batch (summed over micro-batches and ranks), so each micro-batch
+    contributes its share of the global mean. DDP averages gradients over ranks; multiplying by `world_size` turns
+    that average back into the sum we want. With nothing to count (count == 0) the total is 0 and so is the mean.
+    Metrics use the same function after an all-reduce of numerator and denominator (world_size = 1).
+    """
+    if not torch.is_tensor(count):
+        count = torch.tensor(float(count), device=total.device)
+    return total * world_size / count.to(total.dtype).clamp_min(1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Language modelling
+
+
+def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor | None = None) -> Sum:
+    """Next-token cross-entropy summed over real target tokens.
+
+    logits [B, T, V] predict input_ids shifted by one: position t is scored on token t+1, so T-1 targets per row.
+    loss_mask [B, T] bool marks real tokens (False = right padding); a target counts iff its token is real.
+    Returns Sum(total nats, number of target tokens). Computed in fp32 whatever the logits' dtype.
+    """
+    B, T, V = logits.shape
+    targets = input_ids[:, 1:]  # [B, T-1]
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), targets.reshape(-1), reduction="none").view(B, T - 1)
+    if loss_mask is None:
+        return Sum(nll.sum(), torch.tensor(float(nll.numel()), device=nll.device))
+    m = loss_mask[:, 1:].to(nll.dtype)
+    return Sum((nll * m).sum(), m.sum())
+
+
+def lm_token_count(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Number of LM targets in a micro-batch, known before the forward pass (the global denominator)."""
+    return loss_mask[:, 1:].sum().to(torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LambdaRank (§3.3, DESIGN.md §3)
+#
+# For one query chunk, over its retrievable chunks: pairs (l, j) with l a positive and j any retrievable chunk of
+# strictly lower target relevance (non-candidates have relevance -inf, i.e. lower than every positive). Each pair
+# costs  lambda_jl * max(0, tau - (s_q[l] - s_q[j]))  where lambda_jl = |Delta nDCG| of swapping l and j in the
+# current ranking by s_q. Gains (our choice): linear, g = relevance for positives (s_t > 0 for rpt-sem, the BM25
+# score for rpt-lex), 0 for everything else; discount 1 / log2(1 + rank); nDCG over the full ranking (no cut-off),
+# normalised by the ideal DCG of the query. Linear rather than exponential (2^g - 1) gains because BM25 scores of
+# 10-30 would make 2^g explode. The loss is summed over pairs and divided by the number of valid pairs.
+#
+# Memory: only positives can be the `l` of a pair, so pairs are built as [N, P, C] with P = the largest number of
+# positives of any query (<= the label store's k, 20) instead of [N, C, C].
+
+
+def relevance_from_candidates(candidates: torch.Tensor, values: torch.Tensor, n_chunks: int,
+                              positive: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter per-candidate labels into dense per-chunk tensors.
+
+    candidates [..., k] long, sequence-relative chunk ids, -1 = no candidate; values [..., k] float (s_t or BM25);
+    positive [..., k] bool (default: every present candidate). Returns relevance [..., C] (-inf for non-candidates)
+    and positive [..., C] bool.
+    """
+    present = candidates >= 0
+    pos = present if positive is None else positive & present
+    idx = candidates.clamp_min(0)
+    shape = (*candidates.shape[:-1], n_chunks)
+    rel = torch.full(shape, float("-inf"), dtype=torch.float32, device=candidates.device)
+    # scatter only present candidates: absent ones write -inf onto chunk 0 otherwise, so route them to a spare column
+    spare = torch.where(present, idx, torch.full_like(idx, n_chunks))
+    rel_ext = torch.cat([rel, rel[..., :1]], dim=-1).scatter(-1, spare, values.to(torch.float32))
+    pos_ext = torch.zeros((*shape[:-1], n_chunks + 1), dtype=torch.bool, device=candidates.device).scatter(-1, spare, pos)
+    return rel_ext[..., :n_chunks], pos_ext[..., :n_chunks]
+
+
+def _ranks(scores: torch.Tensor) -> torch.Tensor:
+    """0-based rank of every chunk when sorted by score, descending (ties broken by index). [N, C] -> [N, C] long."""
+    order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
+    return ranks
+
+
+def ideal_dcg(gains: torch.Tensor) -> torch.Tensor:
+    """DCG of the best ordering of `gains` [N, C] -> [N]."""
+    g = torch.sort(gains, dim=-1, descending=True).values
+    disc = 1.0 / torch.log2(torch.arange(gains.shape[-1], device=gains.device, dtype=gains.dtype) + 2.0)
+    return (g * disc).sum(-1)
+
+
+def delta_ndcg(scores: torch.Tensor, gains: torch.Tensor, l_idx: torch.Tensor) -> torch.Tensor:
+    """lambda_jl = |Delta nDCG| of swapping chunk l (given by l_idx) and every chunk j in the ranking by `scores`.
+
+    scores [N, C] (ranking only, no gradient); gains [N, C]; l_idx [N, P] long. Returns [N, P, C].
+    Swapping l and j changes DCG by (g_l - g_j) * (d_j - d_l) with d = 1 / log2(2 + rank), hence the product of
+    absolute differences, divided by the query's ideal DCG.
+    """
+    disc = 1.0 / torch.log2(_ranks(scores.detach()).to(gains.dtype) + 2.0)  # [N, C]
+    g_l = gains.gather(-1, l_idx).unsqueeze(-1)  # [N, P, 1]
+    d_l = disc.gather(-1, l_idx).unsqueeze(-1)  # [N, P, 1]
+    idcg = ideal_dcg(gains).clamp_min(torch.finfo(gains.dtype).tiny)[:, None, None]  # [N, 1, 1]
+    return (g_l - gains[:, None, :]).abs() * (d_l - disc[:, None, :]).abs() / idcg
+
+
+def _positive_slots(positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices [N, P] of each query's positives (P = max count) and which slots are real [N, P] bool."""
+    P = max(int(positive.sum(-1).max().item()) if positive.numel() else 0, 1)
+    # a stable descending sort of the mask puts the positives first, in chunk order
+    idx = torch.argsort(positive.to(torch.int8), dim=-1, descending=True, stable=True)[:, :P]
+    return idx, positive.gather(-1, idx)
+
+
+def lambdarank_pairs(relevance: torch.Tensor, positive: torch.Tensor, retrievable: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The valid pairs of the loss: (l_idx [N, P], valid [N, P, C] bool, positive restricted to retrievable [N, C]).
+
+    valid[n, p, j] is True iff l = l_idx[n, p] is a retrievable positive, j is retrievable and
+    relevance[n, j] < relevance[n, l]. Depends only on labels and the retrievable rule, not on the model, so the
+    pair count of a global batch is known before any forward pass.
+    """
+    pos = positive & retrievable
+    l_idx, l_ok = _positive_slots(pos)
+    rel_l = relevance.gather(-1, l_idx).unsqueeze(-1)  # [N, P, 1]
+    valid = l_ok.unsqueeze(-1) & retrievable[:, None, :] & (relevance[:, None, :] < rel_l)
+    return l_idx, valid, pos
+
+
+def count_pairs(relevance: torch.Tensor, positive: torch.Tensor, retrievable: torch.Tensor) -> torch.Tensor:
+    """Number of valid LambdaRank pairs (the retrieval loss's denominator). Shapes as `lambdarank_loss`."""
+    relevance, positive, retrievable = _flat(relevance, positive, retrievable.expand_as(positive))
+    return lambdarank_pairs(relevance, positive, retrievable)[1].sum().to(torch.float32)
+
+
+def _flat(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(x.reshape(-1, x.shape[-1]) for x in xs)  # [..., C] -> [N, C]
+
+
+def lambdarank_loss(scores: torch.Tensor, relevance: torch.Tensor, positive: torch.Tensor, tau: float,
+                    retrievable: torch.Tensor | None = None) -> Sum:
+    """LambdaRank with margin tau over query chunks (§3.3), summed over pairs.
+
+    scores [..., C] float: s_q of every chunk for each query chunk, -inf where not retrievable.
+    relevance [..., C]: the target relevance (s_t or BM25) of candidates, -inf for non-candidates.
+    positive [..., C] bool: the gold set (rpt-sem: candidates with s_t > 0; rpt-lex: all candidates).
+    retrievable [..., C] bool (or broadcastable): default isfinite(scores). Leading dims are flattened to N.
+    Returns Sum(sum over valid pairs of lambda * hinge, number of valid pairs); divide with `normalise`.
+    """
+    if retrievable is None:
+        retrievable = torch.isfinite(scores)
+    scores, relevance, positive, retrievable = _flat(scores, relevance, positive, retrievable.expand_as(positive))
+    l_idx, valid, pos = lambdarank_pairs(relevance, positive, retrievable)
+    # -inf would give inf - inf = nan in masked-out pairs (and nan gradients); only retrievable scores enter pairs
+    s = torch.where(retrievable, scores.float(), torch.zeros((), device=scores.device))
+    gains = torch.where(pos, relevance, torch.zeros((), device=relevance.device)).float()
+    lam = delta_ndcg(torch.where(retrievable, s, float("-inf")), gains, l_idx)  # [N, P, C], no gradient
+    s_l = s.gather(-1, l_idx).unsqueeze(-1)  # [N, P, 1]
+    hinge = F.relu(tau - (s_l - s[:, None, :]))  # [N, P, C]
+    total = torch.where(valid, lam * hinge, torch.zeros((), device=s.device)).sum()
+    return Sum(total, valid.sum().to(torch.float32))
+
+
+def recall_at_k(scores: torch.Tensor, positive: torch.Tensor, k: int) -> Sum:
+    """Recall@k of gold positives under the retriever's ranking, summed over query chunks that have positives.
+
+    scores [..., C] (-inf = not retrievable), positive [..., C] bool. Per query: |top-k ∩ positives| / |positives|.
+    Returns Sum(sum of per-query recalls, number of queries with at least one positive).
+    """
+    scores, positive = _flat(scores, positive)
+    positive = positive & torch.isfinite(scores)
+    k = min(k, scores.shape[-1])
+    top = scores.detach().topk(k, dim=-1).indices  # [N, k]
+    hits = positive.gather(-1, top).sum(-1).float()
+    n_pos = positive.sum(-1).float()
+    has = n_pos > 0
+    return Sum((hits / n_pos.clamp_min(1))[has].sum(), has.sum().to(torch.float32))

@@ -1,0 +1,211 @@
+import json
+import os
+import socket
+
+import pytest
+import torch
+from train_helpers import StandIn, make_labels, tiny_config, write_label_store
+
+from rpt.train import checkpoint as ck
+from rpt.train.data import LabelMismatch, SequenceDataset, open_store
+from rpt.train.loop import NonFiniteLoss, prepare, train
+
+
+def read_log(out_dir) -> list[dict]:
+    return [json.loads(x) for x in (out_dir / "log.jsonl").read_text().splitlines()]
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return ck.read_weights(path / "model.safetensors")
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_at(step_to_kill: int):
+    def hook(step, metrics):
+        if step == step_to_kill:
+            raise Killed
+
+    return hook
+
+
+@pytest.mark.parametrize("optimizer", ["adabelief", "adamw"])
+def test_resume_after_a_kill_equals_an_uninterrupted_run(corpus, optimizer):
+    tmp = corpus["tmp"]
+    # the real RPT with dropout, scheduled sampling and accumulation: every source of state is exercised
+    kw = dict(model={"dropout": 0.1}, steps=6, batch_size=1, grad_accum=2, checkpoint_every=2, log_every=3,
+              optimizer=optimizer, ss_fraction=1.0)
+    a = tiny_config(tmp, out_dir=str(tmp / "a"), **kw)
+    full = train(a, corpus["root"], corpus["labels"], progress=False)
+    b = tiny_config(tmp, out_dir=str(tmp / "b"), **kw)
+    with pytest.raises(Killed):  # killed after update 3, one step past the checkpoint of step 2
+        train(b, corpus["root"], corpus["labels"], progress=False, on_step=kill_at(3))
+    assert ck.latest(tmp / "b").name == "step_00000002"
+    resumed = train(b, corpus["root"], corpus["labels"], progress=False)
+    assert full.step == resumed.step == 6
+    wa, wb = weights(full.checkpoint), weights(resumed.checkpoint)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa, ob = ck.load(full.checkpoint).optimizer, ck.load(resumed.checkpoint).optimizer
+    assert all(torch.equal(oa["state"][i][n], ob["state"][i][n]) for i in oa["state"] for n in oa["state"][i])
+    la, lb = read_log(tmp / "a"), read_log(tmp / "b")
+    # log windows close at checkpoints too (2, 3, 4, 6), and the redone step 3 is logged once
+    assert [r["step"] for r in la] == [r["step"] for r in lb] == [2, 3, 4, 6]
+    for key in ("lm_loss", "ret_loss", "recall@2", "grad_norm", "p_ss", "lr", "tokens"):
+        assert [r[key] for r in la] == [r[key] for r in lb], key
+
+
+def test_gradient_accumulation_equals_one_big_batch(corpus):
+    tmp = corpus["tmp"]
+    runs = {}
+    for name, (bs, acc) in {"big": (4, 1), "acc": (1, 4), "mixed": (2, 2)}.items():
+        cfg = tiny_config(tmp, out_dir=str(tmp / name), steps=3, batch_size=bs, grad_accum=acc, ss_fraction=1.0)
+        runs[name] = train(cfg, corpus["root"], corpus["labels"], progress=False)
+    ref = weights(runs["big"].checkpoint)
+    for name in ("acc", "mixed"):
+        for r0, r1 in zip(read_log(tmp / "big"), read_log(tmp / name), strict=True):
+            for key in ("lm_loss", "ret_loss", "grad_norm"):
+                assert r0[key] == pytest.approx(r1[key], rel=1e-6), (name, key)
+        # Adam turns float noise in gradients that are ~0 in exact arithmetic (the key bias) into lr-sized steps
+        w = weights(runs[name].checkpoint)
+        assert all(torch.allclose(ref[k], w[k], atol=1e-4) for k in ref), name
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg, root, labels, fsdp: bool = False) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    train(cfg, root, labels, device="cpu", progress=False, fsdp=fsdp)
+
+
+def test_two_gloo_processes_give_the_loss_of_one(corpus):
+    import torch.multiprocessing as mp
+
+    tmp = corpus["tmp"]
+    kw = dict(steps=3, ss_fraction=1.0, checkpoint_every=3)
+    one = tiny_config(tmp, out_dir=str(tmp / "one"), batch_size=2, grad_accum=2, **kw)
+    single = train(one, corpus["root"], corpus["labels"], progress=False)
+    two = tiny_config(tmp, out_dir=str(tmp / "two"), batch_size=1, grad_accum=2, **kw)  # 2 ranks x 2 x 1 = 4 as well
+    mp.spawn(_ddp_worker, args=(2, _free_port(), two, corpus["root"], corpus["labels"]), nprocs=2, join=True)
+    l1, l2 = read_log(tmp / "one"), read_log(tmp / "two")
+    assert len(l1) == len(l2) == 3
+    for a, b in zip(l1, l2, strict=True):
+        for key in ("lm_loss", "ret_loss", "grad_norm", "recall@2"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+        assert a["tokens"] == b["tokens"] and a["ret_pairs"] == b["ret_pairs"]
+    w1, w2 = weights(single.checkpoint), weights(ck.latest(tmp / "two"))
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+    assert len(ck.load(ck.latest(tmp / "two")).rng) == 2  # both ranks' RNG states are saved
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_gloo_processes_matches_one_process_and_resumes_exactly(corpus):
+    import shutil
+
+    import torch.multiprocessing as mp
+
+    tmp = corpus["tmp"]
+    kw = dict(steps=3, ss_fraction=1.0, checkpoint_every=2, optimizer="adabelief")  # our optimiser on sharded DTensors
+    single = train(tiny_config(tmp, out_dir=str(tmp / "one"), batch_size=2, grad_accum=2, **kw), corpus["root"],
+                   corpus["labels"], progress=False)
+    two = tiny_config(tmp, out_dir=str(tmp / "fsdp"), batch_size=1, grad_accum=2, **kw)
+    mp.spawn(_ddp_worker, args=(2, _free_port(), two, corpus["root"], corpus["labels"], True), nprocs=2, join=True)
+    for a, b in zip(read_log(tmp / "one"), read_log(tmp / "fsdp"), strict=True):
+        for key in ("lm_loss", "ret_loss", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+    end = ck.latest(tmp / "fsdp")
+    w_fsdp, w1 = weights(end), weights(single.checkpoint)
+    assert w_fsdp.keys() == w1.keys() and all(torch.allclose(w1[k], w_fsdp[k], atol=1e-4) for k in w1)
+    # a checkpoint written under FSDP has the single-process layout, and an FSDP run resumes from it exactly
+    assert ck.load(end).optimizer["state"].keys() == ck.load(single.checkpoint).optimizer["state"].keys()
+    shutil.rmtree(end)
+    mp.spawn(_ddp_worker, args=(2, _free_port(), two, corpus["root"], corpus["labels"], True), nprocs=2, join=True)
+    again = weights(ck.latest(tmp / "fsdp"))
+    assert all(torch.equal(again[k], w_fsdp[k]) for k in w_fsdp)
+
+
+def test_mismatched_labels_are_refused_before_the_first_step(corpus):
+    tmp = corpus["tmp"]
+    built = []
+
+    def factory(mcfg):
+        built.append(1)
+        return StandIn(mcfg)
+
+    for change in ({"span": "doc"}, {"chunk_size": 16}, {"tokenizer": {"name": "x", "hash": "y"}}):
+        labels = make_labels(corpus["lengths"], 64, 8, 16)
+        labels.manifest.update(change)
+        path = write_label_store(tmp / "bad", labels)
+        with pytest.raises(LabelMismatch, match=next(iter(change))):
+            train(tiny_config(tmp), corpus["root"], path, progress=False, model_factory=factory)
+    assert not built and not (tmp / "run").exists()
+
+
+def test_variants_that_retrieve_need_labels(corpus):
+    with pytest.raises(ValueError, match="needs retrieval labels"):
+        train(tiny_config(corpus["tmp"], variant="retro"), corpus["root"], None, progress=False)
+
+
+class NaNAfter(StandIn):
+    def __init__(self, mcfg, n):
+        super().__init__(mcfg)
+        self.n, self.calls = n, 0
+
+    def forward(self, *a, **k):
+        out = super().forward(*a, **k)
+        self.calls += 1
+        if self.calls > self.n:
+            out.logits = out.logits * float("nan")
+        return out
+
+
+def test_non_finite_loss_stops_naming_the_step_and_the_last_good_checkpoint(corpus):
+    cfg = tiny_config(corpus["tmp"], checkpoint_every=2)
+    with pytest.raises(NonFiniteLoss, match=r"step 3 .*step_00000002"):
+        train(cfg, corpus["root"], corpus["labels"], progress=False, model_factory=lambda m: NaNAfter(m, 2))
+    assert ck.latest(cfg.train.out_dir).name == "step_00000002"  # nothing after the bad step was written
+    assert [r["step"] for r in read_log(corpus["tmp"] / "run")] == [1, 2]
+
+
+def test_prepare_feeds_gold_neighbours_and_the_sampling_mask(corpus):
+    cfg = tiny_config(corpus["tmp"])
+    ds = SequenceDataset(open_store(corpus["root"]), 64, 8, 16, make_labels(corpus["lengths"], 64, 8, 16))
+    batch = ds.collate([0, 4])
+    x = prepare(batch, cfg.model, 1.0, 0, torch.device("cpu"))
+    assert x.model_kwargs["use_supplied"].all()
+    # gold for query chunk 7 of sequence 0: its positive candidates (s_t > 0) by s_t, best first
+    cand, _, target = ds.labels_of(0)
+    pos = [(t, c) for c, t in zip(cand[7], target[7], strict=True) if c >= 0 and t > 0]
+    want = [c for _, c in sorted(pos, reverse=True)][:2]
+    assert x.model_kwargs["neighbor_ids"][0, 7].tolist() == want + [-1] * (2 - len(want))
+    assert (x.model_kwargs["neighbor_ids"][:, :4] == -1).all()  # nothing is retrievable in the first two segments
+    assert not prepare(batch, cfg.model, 0.0, 0, torch.device("cpu")).model_kwargs["use_supplied"].any()
+    # retro: the BM25 top-K candidates, no sampling; xl: nothing
+    retro = prepare(batch, tiny_config(corpus["tmp"], variant="retro").model, 1.0, 0, torch.device("cpu"))
+    assert set(retro.model_kwargs) == {"neighbor_ids"}
+    for b in range(2):
+        for i in range(8):
+            ranked = sorted(((s, c) for c, s in zip(batch.candidates[b, i].tolist(), batch.bm25[b, i].tolist(), strict=True)
+                             if c >= 0), reverse=True)
+            want = [c for _, c in ranked[:2]]
+            assert retro.model_kwargs["neighbor_ids"][b, i].tolist() == want + [-1] * (2 - len(want))
+    assert prepare(batch, tiny_config(corpus["tmp"], variant="xl").model, 1.0, 0, torch.device("cpu")).model_kwargs == {}
+
+
+@pytest.mark.parametrize("variant", ["xl", "retro", "rpt-lex", "rpt-sem"])
+def test_a_tiny_rpt_lowers_its_loss_for_every_variant(corpus, variant):
+    cfg = tiny_config(corpus["tmp"], variant=variant, steps=30, lr=1e-2, warmup_steps=2, log_every=5, checkpoint_every=30)
+    res = train(cfg, corpus["root"], corpus["labels"] if variant != "xl" else None, progress=False)
+    log = read_log(corpus["tmp"] / "run")
+    assert log[-1]["lm_loss"] < log[0]["lm_loss"] - 0.5
+    if variant.startswith("rpt"):
+        assert {"ret_loss", "recall@2", "p_ss", "tau", "alpha_ret"} <= set(log[-1])
+        assert log[-1]["ret_pairs"] > 0
+    assert res.step == 30 and res.checkpoint.name == "step_00000030"
