@@ -1,0 +1,134 @@
+"""`rpt eval`: long-document perplexity with a document memory, retrieval metrics and the §5.4 analyses (rpt/eval/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HELP = "evaluate a checkpoint: perplexity over whole documents with retrieval from the document so far, retrieval " \
+       "metrics (P@2, R@10, nDCG@20) and analyses"
+ORDER = 40
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder (checkpoints/step_*), its model.safetensors, "
+                   "or a run folder (its newest checkpoint)")
+    p.add_argument("--store", required=True, help="token store root written by `rpt prepare` (or one split's folder)")
+    p.add_argument("--split", default="test", help="split to evaluate (default test)")
+    p.add_argument("--neighbors", type=int, default=2, help="K, neighbours per chunk at inference: 2, 3 or 4 (default 2)")
+    p.add_argument("--source", choices=("model", "bm25", "oracle", "none"),
+                   help="neighbours fed to CCA: model (own retriever; default for rpt-*), bm25 (query c_q only; default "
+                   "for retro), oracle (scorer's best positives; needs --labels), none (default for xl)")
+    p.add_argument("--labels", help="sem label store of this split with span doc (`rpt label --kind sem --span doc`): "
+                   "needed by --source oracle, --metrics and --baseline")
+    p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
+                   help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU")
+    p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default: all)")
+    p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>.json)")
+    p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
+                   "BM25 side by side) and the token-overlap analysis")
+    p.add_argument("--per-chunk", action="store_true", help="store per-chunk NLL and neighbours in the result (needed "
+                   "for --baseline, in this run and in the baseline's)")
+    p.add_argument("--baseline", help="a Transformer-XL result JSON (made with --per-chunk on the same split): relative "
+                   "improvement per chunk with / without a gold chunk retrieved")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots of the analyses (and supervision quality of --labels)")
+    p.add_argument("--compare", nargs="+", default=[], metavar="RESULT", help="other result JSONs shown beside this "
+                   "one in --plots (e.g. retro and rpt-lex)")
+    p.add_argument("--bm25-stats", choices=("causal", "document"), default="causal",
+                   help="BM25 idf/length statistics at inference: of the retrievable chunks so far (causal, default) or "
+                   "of the whole document (as the training labels)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16 runs the model under autocast on GPUs (NLL in fp32); fp32 on CPU (default fp32)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """A short table: totals, then retrieval metrics and analyses when present."""
+    t, ev = result["total"], result["eval"]
+    variant = result["config"]["model"]["variant"]
+    ppl = "-" if t["perplexity"] is None else f"{t['perplexity']:.4f}"
+    tps = "-" if t["tokens_per_second"] is None else f"{t['tokens_per_second']:,.0f}"
+    lines = [
+        f"{variant}  source {ev['source']}  K {ev['n_neighbors']}  memory {ev['memory'] or '-'}  split {ev['split']}",
+        f"  {'documents':<22}{t['n_documents']:>12,}",
+        f"  {'tokens':<22}{t['n_tokens']:>12,}",
+        f"  {'NLL / token (nats)':<22}{'-' if t['nll_mean'] is None else format(t['nll_mean'], '.4f'):>12}",
+        f"  {'perplexity':<22}{ppl:>12}",
+        f"  {'time':<22}{t['seconds']:>11.1f}s  ({tps} tokens/s)",
+        f"  {'peak memory':<22}{t['peak_memory_bytes'] / 2**20:>10.2f}MB  (document memory)",
+    ]
+    if not ev.get("tokenizer_checked", True):
+        lines.append("  note: the checkpoint does not say which tokenizer it was trained with; only chunk size and "
+                     "vocabulary size were checked")
+    ret = result.get("retrieval")
+    if ret:
+        names = [n for n in ret if n != "gain"]
+        keys = [k for k in ret[names[0]] if k != "n_queries"]
+        lines.append(f"  {'retrieval':<12}" + "".join(f"{k:>13}" for k in keys) + f"{'queries':>10}")
+        for n in names:
+            lines.append(f"  {n:<12}" + "".join(f"{_pct(ret[n][k]):>13}" for k in keys) + f"{ret[n]['n_queries']:>10,}")
+    ov = result.get("overlap")
+    if ov:
+        lines.append(f"  {'overlap':<12}{'query':>13}{'target':>13}   (unique tokens shared with the best neighbour)")
+        for n, v in ov.items():
+            if n != "definition":
+                lines.append(f"  {n:<12}" + "".join("{:>13}".format("-" if v[k] is None else f"{v[k]:.2f}")
+                                                   for k in ("query", "target")))
+    sg = result.get("subgroups")
+    if sg:
+        lines.append("  improvement over the baseline (mean 1 - NLL/NLL_xl per chunk):")
+        for n in ("gold", "no_gold", "all"):
+            lines.append(f"    {n:<10}{_pct(sg[n]['improvement']):>10}  ({sg[n]['n']:,} chunks)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from rpt.cli import UserError
+    from rpt.eval.perplexity import checkpoint_config, default_source, resolve_checkpoint, run_eval
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    compare = {}
+    for path in args.compare:
+        if not Path(path).is_file():
+            raise UserError(f"--compare {path}: no such result file")
+        compare[path] = json.loads(Path(path).read_text())
+    out = args.out
+    if out is None:
+        folder = resolve_checkpoint(args.checkpoint)
+        src = args.source or default_source(checkpoint_config(folder).model.variant)
+        out = folder / f"eval-{args.split}-{src}-k{args.neighbors}.json"
+    result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
+                      labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
+                      with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
+                      bm25_statistics=args.bm25_stats, precision=args.precision, device=args.device,
+                      progress=not args.no_progress)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # rank 0 writes and prints
+    print(format_summary(result))
+    print(f"  result: {out}")
+    if args.plots:
+        from rpt.eval.plots import plot_results, result_name
+
+        results = {result_name(r): r for r in compare.values()}
+        results[result_name(result)] = result
+        written = plot_results(results, args.plots)
+        if args.labels:
+            from rpt.labels.quality import plot_supervision_quality, supervision_quality
+
+            curve = supervision_quality(args.labels)
+            written.append(plot_supervision_quality({args.split: curve}, Path(args.plots) / "supervision_quality.png"))
+        for png in written:
+            print(f"  plot: {png}")
+    return 0

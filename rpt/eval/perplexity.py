@@ -1,0 +1,504 @@
+"""Long-document perplexity with a document memory (§3.4 "Retrieval at inference time", §5 Table 2).
+
+Each document is read segment by segment with `model.step` and a NEW cache: the sliding-window K/V cache holds at
+most two segments (bounded), and the document memory holds every finished chunk of the document so far (linear), so
+every chunk retrieves from everything retrievable since the document began. Nothing is carried across documents.
+
+Neighbour sources (`source`):
+    model   the model's own retriever (rpt-lex, rpt-sem)
+    bm25    RETRO at inference: BM25 with the query chunk c_q ONLY over the retrievable chunks of the document so far,
+            with BM25 statistics of those chunks (`bm25_neighbors`; bm25_candidates' whole-document statistics are an
+            option)
+    oracle  the scoring LM's best candidates: top-K by target score s_t among the positives (s_t > 0) of a ``sem``
+            label store with span ``doc``
+    none    no neighbours (CCA sees only its null key); the only source for xl
+
+Perplexity = exp(sum of token NLL / number of predicted tokens): every token but the first of each document is
+predicted once. Sums are all-reduced over ranks (documents are sharded round-robin over RANK/WORLD_SIZE) and divided
+once. The result file layout is documented on `run_eval`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rpt.chunks import chunks_per_segment, last_retrievable
+from rpt.config import RPTConfig
+from rpt.data.store import StoreError, TokenStore
+from rpt.eval import analysis, metrics
+from rpt.eval.memory import MemoryKind, make_memory, memory_name
+from rpt.model.memory import ChunkMemory
+from rpt.utils import UserError, write_json_atomic
+
+RESULT_VERSION = 1
+SOURCES = ("model", "bm25", "oracle", "none")
+METRIC_DEPTH = 20  # rankings are taken to depth 20 for the retrieval metrics (nDCG@20)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint step folder from: the folder itself, its model.safetensors, or a run folder (its newest step)."""
+    from rpt.train import checkpoint as ckpt_io
+
+    p = Path(path)
+    if p.is_file() and p.name == "model.safetensors":
+        p = p.parent
+    if (p / "model.safetensors").is_file():
+        return p
+    if p.is_dir() and (newest := ckpt_io.latest(p)) is not None:
+        return newest
+    raise UserError(f"no checkpoint at {path}: expected a checkpoint folder holding model.safetensors, or a run folder "
+                    "with checkpoints/step_*/")
+
+
+def checkpoint_config(folder: Path) -> RPTConfig:
+    for cand in (folder / "config.yaml", folder.parent.parent / "config.yaml"):
+        if cand.is_file():
+            return RPTConfig.from_yaml(cand)
+    raise UserError(f"checkpoint {folder} has no config.yaml")
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, RPTConfig]:
+    """(model in eval mode on `device`, its config) from a checkpoint (see `resolve_checkpoint`). Reads only the
+    weights and the config, never the optimiser state."""
+    from rpt.model.rpt import RPT
+    from rpt.train import checkpoint as ckpt_io
+
+    folder = resolve_checkpoint(path)
+    cfg = checkpoint_config(folder)
+    model = RPT(cfg.model)
+    try:
+        ckpt_io.load_weights(model, folder)
+    except RuntimeError as e:
+        raise UserError(f"checkpoint {folder}: weights do not match its config.yaml: {str(e).splitlines()[0]}") from e
+    return model.to(device).eval(), cfg
+
+
+def checkpoint_tokenizer(path: str | Path, cfg: RPTConfig | None = None) -> dict[str, Any] | None:
+    """The tokenizer identity ({name, hash, vocab_size}) a checkpoint was trained with, or None when it cannot tell.
+
+    Looked up, in order: tokenizer.json in the checkpoint folder or its run folder, a "tokenizer" entry of state.json,
+    then tokenizer.json of the token store the run trained on (config data.store), if that still exists.
+    """
+    from rpt.data.tokenizer import Tokenizer
+
+    folder = resolve_checkpoint(path)
+    for cand in (folder / "tokenizer.json", folder.parent.parent / "tokenizer.json"):
+        if cand.is_file():
+            return Tokenizer.from_file(cand).identity
+    state = folder / "state.json"
+    if state.is_file():
+        tok = json.loads(state.read_text()).get("tokenizer")
+        if isinstance(tok, dict) and tok.get("hash"):
+            return tok
+    if cfg is not None and (Path(cfg.data.store) / "tokenizer.json").is_file():
+        return Tokenizer.from_file(Path(cfg.data.store) / "tokenizer.json").identity
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# neighbour sources
+
+
+def bm25_neighbors(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int,
+                   statistics: Literal["causal", "document"] = "causal") -> np.ndarray:
+    """RETRO's inference-time neighbours [C, k]: BM25 top-k with the query chunk c_q ONLY (never its target) among the
+    chunks retrievable for it (rpt.chunks). Document-absolute ids, best first, -1 = none (no shared token).
+
+    statistics="causal" (default): BM25's idf and average length come from the retrievable chunks themselves (the
+    index of the document so far), so nothing at or after the query chunk influences its neighbours.
+    statistics="document": `rpt.labels.bm25.bm25_candidates(query="chunk")` over the whole document, whose idf counts
+    every chunk of the document, later ones included (the candidates obey the rule, the statistics do not).
+    Scores, the Lucene BM25 variant and the tie rule (later chunk first) are bm25_candidates' in both cases.
+    """
+    from rpt.labels.bm25 import bm25_candidates, bm25_weights, chunk_term_matrix, topk_rows
+
+    tokens = np.asarray(tokens)
+    if statistics == "document":
+        ids, _ = bm25_candidates(tokens, chunk_size, segment_len, k=k, query="chunk")
+        return ids.astype(np.int64)
+    if statistics != "causal":
+        raise ValueError(f"statistics must be causal or document, not {statistics!r}")
+    cps = chunks_per_segment(chunk_size, segment_len)
+    counts = chunk_term_matrix(tokens, chunk_size)  # [C, V'] term counts (the vocabulary map carries no statistics)
+    C = counts.shape[0]
+    ids = np.full((C, k), -1, np.int64)
+    for s0 in range(2 * cps, C, cps):  # one segment at a time: its chunks share one retrievable set 0..limit
+        limit = int(last_retrievable(s0, chunk_size, segment_len))
+        weights = bm25_weights(counts[: limit + 1])  # [limit+1, V'] idf, avgdl over the retrievable chunks only
+        scores = (counts[s0 : s0 + cps] @ weights.T).toarray()  # [<=cps, limit+1]
+        scores[scores <= 0] = -np.inf  # shares no token with the query: not a candidate
+        ids[s0 : s0 + cps] = topk_rows(scores, k)[0]
+    return ids
+
+
+def oracle_neighbors(candidates: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
+    """The scorer's best candidates [C, k]: top-k by s_t among the positives (s_t > 0); -1 where fewer exist."""
+    cand = np.asarray(candidates, dtype=np.int64)
+    t = np.asarray(target, dtype=np.float64)
+    score = np.where((cand >= 0) & np.isfinite(t) & (t > 0), t, -np.inf)
+    order = np.argsort(-score, axis=1, kind="stable")[:, :k]
+    ids = np.take_along_axis(cand, order, 1)
+    ids[~np.isfinite(np.take_along_axis(score, order, 1))] = -1
+    if ids.shape[1] < k:
+        ids = np.pad(ids, ((0, 0), (0, k - ids.shape[1])), constant_values=-1)
+    return ids
+
+
+# --------------------------------------------------------------------------------------------------------------
+# one document
+
+
+@dataclass
+class DocumentEval:
+    """What evaluating one document gives.
+
+    nll_sum / n_targets  summed NLL (nats) over the predicted tokens (all but the first) and their number
+    chunk_nll [C_all]    summed NLL of the tokens of each chunk (C_all = ceil(T / M); token 0 is never predicted)
+    chunk_tokens [C_all] predicted tokens of each chunk
+    neighbors [C, K]     neighbour ids CCA used for each finished chunk (document-absolute, -1 empty); None for xl
+    top_ids [C, R]       the retriever's own top-R (R = max(K, retrieve_k)); None without a retriever
+    memory_bytes         size of the document memory at the end of the document (its peak: it only grows)
+    kv_cache_bytes       size of the sliding-window K/V cache at the end (bounded by two segments per layer)
+    """
+
+    nll_sum: float
+    n_targets: int
+    chunk_nll: np.ndarray
+    chunk_tokens: np.ndarray
+    neighbors: np.ndarray | None
+    top_ids: np.ndarray | None
+    memory_bytes: int
+    kv_cache_bytes: int
+    seconds: float
+
+
+def evaluate_document(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor, *, neighbor_ids: np.ndarray | None = None,
+                      n_neighbors: int | None = None, memory: Callable[[], ChunkMemory] | None = None,
+                      retrieve_k: int | None = None, on_tokens: Callable[[int], None] | None = None,
+                      autocast_dtype: torch.dtype | None = None) -> DocumentEval:
+    """NLL of one document [T], segment by segment with a new cache (model in eval mode; its device is used).
+
+    neighbor_ids [T // M, K'] document-absolute ids fed to CCA instead of the model's own retriever (bm25 / oracle /
+    none sources); None = the model retrieves itself (or has no retrieval, xl). autocast_dtype: e.g. torch.bfloat16 to
+    run the model under autocast (GPUs); the NLL is always computed in fp32.
+    """
+    cfg = model.cfg
+    M, S = cfg.chunk_size, cfg.segment_len
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    x = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=device)[None]  # [1, T]
+    T = x.shape[1]
+    n_all = -(-T // M)
+    chunk_nll = torch.zeros(n_all, dtype=torch.float64, device=device)
+    chunk_tok = torch.zeros(n_all, dtype=torch.float64, device=device)
+    nb = None if neighbor_ids is None else torch.as_tensor(np.asarray(neighbor_ids, dtype=np.int64), device=device)[None]
+    cache = model.new_cache(memory=memory)
+    used, top = [], []
+    for p in range(0, T, S):  # one segment per call: the cache keeps the previous segment's K/V
+        n = min(S, T - p)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            out = model.step(x[:, p : p + n], cache, neighbor_ids=nb, n_neighbors=n_neighbors, retrieve_k=retrieve_k)
+        tgt = x[0, p + 1 : p + n + 1]  # position t predicts token t + 1; the last token of the document predicts nothing
+        nll = F.cross_entropy(out.logits[0, : len(tgt)].float(), tgt, reduction="none").double()  # [n or n-1]
+        chunk_of = torch.arange(p + 1, p + 1 + len(tgt), device=device) // M
+        chunk_nll.index_add_(0, chunk_of, nll)
+        chunk_tok.index_add_(0, chunk_of, torch.ones_like(nll))
+        if out.neighbor_ids is not None:
+            used.append(out.neighbor_ids[0].cpu())
+        if out.top_ids is not None:
+            top.append(out.top_ids[0].cpu())
+        if on_tokens is not None:
+            on_tokens(n)
+    mem_bytes = cache.memory.nbytes() if cache.memory is not None else 0
+    kv_bytes = sum(t.numel() * t.element_size() for lc in cache.layers
+                   for t in (lc.prev_k, lc.prev_v, lc.cur_k, lc.cur_v) if t is not None)
+    return DocumentEval(
+        nll_sum=float(chunk_nll.sum()), n_targets=int(chunk_tok.sum()), chunk_nll=chunk_nll.cpu().numpy(),
+        chunk_tokens=chunk_tok.cpu().numpy().astype(np.int64),
+        neighbors=torch.cat(used).numpy() if used else None, top_ids=torch.cat(top).numpy() if top else None,
+        memory_bytes=int(mem_bytes), kv_cache_bytes=int(kv_bytes), seconds=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a split
+
+
+def default_source(variant: str) -> str:
+    return {"xl": "none", "retro": "bm25"}.get(variant, "model")
+
+
+def check_source(variant: str, source: str) -> None:
+    if source not in SOURCES:
+        raise UserError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
+    if variant == "xl" and source != "none":
+        raise UserError(f"variant xl has no chunked cross-attention: --source {source} needs a retrieval model "
+                        "(use --source none)")
+    if variant == "retro" and source == "model":
+        raise UserError("variant retro has no retriever of its own: use --source bm25 (its inference-time "
+                        "neighbours), oracle or none")
+
+
+def shard(docs: list[int], rank: int, world_size: int) -> list[int]:
+    """This rank's documents: round-robin, so long and short documents spread over ranks."""
+    return docs[rank::world_size]
+
+
+def open_eval_labels(path: str | Path, store: TokenStore, segment_len: int, docs: list[int]):
+    """A ``sem`` label store with span ``doc`` matching `store`, covering `docs`, or a UserError naming the mismatch."""
+    from rpt.labels.store import LabelError, LabelStore
+
+    try:
+        labels = LabelStore.open(path)
+        labels.check_compatible(store, segment_len, "doc", kind="sem")
+    except LabelError as e:
+        raise UserError(f"{e} (evaluation needs `rpt label --kind sem --span doc` labels of this split)") from None
+    lo, hi = labels.doc_range
+    missing = [d for d in docs if not lo <= d < hi]
+    if missing:
+        raise UserError(f"labels {labels.path} cover documents {lo}..{hi - 1}, evaluation needs document {missing[0]}"
+                        f"{' and more' if len(missing) > 1 else ''} (use --max-documents or label all documents)")
+    return labels
+
+
+def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, source: str = "model", n_neighbors: int = 2,
+             labels=None, memory: Callable[[], ChunkMemory] | None = None, with_metrics: bool = False,
+             per_chunk: bool = False, bm25_statistics: Literal["causal", "document"] = "causal", rank: int = 0,
+             world_size: int = 1, progress: bool = False, autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Evaluate this rank's share of `docs`; returns sums (not yet reduced over ranks) and per-document records.
+
+    Returns {"sums": {"nll_sum", "n_targets", "metrics.model.*", "metrics.bm25.*", "overlap.model.*", ...},
+             "documents": [record, ...]} with one record per document of this rank (see `run_eval`).
+    """
+    from tqdm.auto import tqdm
+
+    cfg = model.cfg
+    M, S, K = cfg.chunk_size, cfg.segment_len, n_neighbors
+    check_source(cfg.variant, source)
+    if (source == "oracle" or with_metrics) and labels is None:
+        raise UserError(f"{'--source oracle' if source == 'oracle' else '--metrics'} needs --labels (sem, span doc)")
+    mine = shard(docs, rank, world_size)
+    lengths = store.doc_lengths()
+    bar = tqdm(total=int(sum(int(lengths[d]) for d in mine)), unit="tok", unit_scale=True, desc="eval",
+               disable=not progress)
+    sums: dict[str, float] = {"nll_sum": 0.0, "n_targets": 0.0}
+    records = []
+    retrieve_k = METRIC_DEPTH if with_metrics and cfg.has_retriever else None
+    for d in mine:
+        tokens = np.asarray(store.document(d), dtype=np.int64)
+        n_chunks = len(tokens) // M
+        rows = labels.rows(d) if labels is not None else None
+        bm25_ids = None
+        if source == "bm25" or with_metrics:
+            bm25_ids = bm25_neighbors(tokens, M, S, max(K, METRIC_DEPTH if with_metrics else K), bm25_statistics)
+        supplied = None
+        if source == "bm25":
+            supplied = bm25_ids[:, :K]
+        elif source == "oracle":
+            supplied = oracle_neighbors(rows.candidates, rows.target, K)
+        elif source == "none" and cfg.uses_retrieval:
+            supplied = np.full((n_chunks, K), -1, np.int64)
+        ev = evaluate_document(model, tokens, neighbor_ids=supplied, n_neighbors=K, memory=memory,
+                               retrieve_k=retrieve_k, on_tokens=bar.update, autocast_dtype=autocast_dtype)
+        sums["nll_sum"] += ev.nll_sum
+        sums["n_targets"] += ev.n_targets
+        rec: dict[str, Any] = {"index": d, "id": store.doc_ids[d], "n_tokens": len(tokens), "n_chunks": n_chunks,
+                               "nll_sum": ev.nll_sum, "n_targets": ev.n_targets,
+                               "perplexity": math.exp(ev.nll_sum / ev.n_targets) if ev.n_targets else None,
+                               "memory_bytes": ev.memory_bytes, "kv_cache_bytes": ev.kv_cache_bytes, "seconds": ev.seconds}
+        if with_metrics:
+            rankings = {"bm25": bm25_ids[:, :METRIC_DEPTH]}
+            if ev.top_ids is not None:
+                rankings = {"model": ev.top_ids[:, :METRIC_DEPTH], **rankings}
+            for name, ranked in rankings.items():
+                for key, v in metrics.metric_sums(ranked, rows.candidates, rows.target).items():
+                    sums[f"metrics.{name}.{key}"] = sums.get(f"metrics.{name}.{key}", 0.0) + v
+                for key, v in analysis.overlap_sums(tokens, M, ranked[:, 0]).items():
+                    sums[f"overlap.{name}.{key}"] = sums.get(f"overlap.{name}.{key}", 0.0) + v
+        if per_chunk:
+            rec["chunks"] = {"nll": ev.chunk_nll.tolist(), "tokens": ev.chunk_tokens.tolist(),
+                             "neighbors": None if ev.neighbors is None else ev.neighbors.tolist()}
+        records.append(rec)
+    bar.close()
+    return {"sums": sums, "documents": records}
+
+
+def reduce_sums(sums: dict[str, float], names: list[str], info) -> dict[str, float]:
+    """All-reduce (sum) the named sums over ranks, in float64, in a fixed order."""
+    from rpt.train import distributed as D
+
+    t = torch.tensor([float(sums.get(n, 0.0)) for n in names], dtype=torch.float64, device=info.device)
+    D.all_reduce_sum(t, info)
+    return dict(zip(names, t.tolist(), strict=True))
+
+
+def summarize(sums: dict[str, float], documents: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Totals, retrieval metrics and overlaps from reduced sums (the one division)."""
+    n = sums["n_targets"]
+    total = {"n_documents": len(documents), "n_tokens": int(sum(r["n_tokens"] for r in documents)),
+             "nll_sum": sums["nll_sum"], "n_targets": int(n), "nll_mean": sums["nll_sum"] / n if n else None,
+             "perplexity": math.exp(sums["nll_sum"] / n) if n else None, "seconds": seconds,
+             "tokens_per_second": sum(r["n_tokens"] for r in documents) / seconds if seconds > 0 else None,
+             "peak_memory_bytes": max((r["memory_bytes"] for r in documents), default=0)}
+    out: dict[str, Any] = {"total": total}
+
+    def group(prefix: str) -> dict[str, dict[str, float]]:
+        g: dict[str, dict[str, float]] = {}
+        for k, v in sums.items():
+            if k.startswith(prefix + "."):
+                name, key = k[len(prefix) + 1 :].split(".", 1)
+                g.setdefault(name, {})[key] = v
+        return g
+
+    if ret := group("metrics"):
+        out["retrieval"] = {name: metrics.finalize(ret[name]) for name in sorted(ret, key=lambda n: (n != "model", n))}
+        out["retrieval"]["gain"] = metrics.GAIN
+    if ov := group("overlap"):
+        out["overlap"] = {name: analysis.finalize_overlap(ov[name]) for name in sorted(ov, key=lambda n: (n != "model", n))}
+        out["overlap"]["definition"] = analysis.OVERLAP
+    return out
+
+
+def subgroups_against(result: dict[str, Any], baseline: dict[str, Any], labels, chunk_size: int,
+                      segment_len: int) -> dict[str, Any]:
+    """Relative improvement over a Transformer-XL result file, per document chunk, split by gold retrieved or not.
+    Both results must hold per-chunk data ("chunks") for the same documents."""
+    base_docs = {r["index"]: r for r in baseline.get("documents", [])}
+    sums: dict[str, float] = {}
+    for rec in result["documents"]:
+        b = base_docs.get(rec["index"])
+        if b is None or b["id"] != rec["id"] or b["n_tokens"] != rec["n_tokens"]:
+            raise UserError(f"baseline result has no matching document {rec['index']} ({rec['id']}): evaluate the "
+                            "baseline on the same store and split")
+        if "chunks" not in b or "chunks" not in rec or rec["chunks"]["neighbors"] is None:
+            raise UserError("subgroup analysis needs per-chunk data in both results (--per-chunk) from a retrieval model")
+        if not rec["n_chunks"]:
+            continue
+        rows = labels.rows(rec["index"])
+        neighbors = np.asarray(rec["chunks"]["neighbors"], dtype=np.int64).reshape(rec["n_chunks"], -1)
+        s = analysis.subgroup_sums(np.asarray(rec["chunks"]["nll"]), np.asarray(b["chunks"]["nll"]),
+                                   np.asarray(rec["chunks"]["tokens"]), neighbors, np.asarray(rows.candidates),
+                                   np.asarray(rows.target), chunk_size, segment_len)
+        sums = {k: sums.get(k, 0.0) + v for k, v in s.items()}
+    return {**analysis.finalize_subgroups(sums), "definition": analysis.IMPROVEMENT}
+
+
+def open_split(store_root: str | Path, split: str) -> TokenStore:
+    """<root>/<split>/ of an `rpt prepare` root, or `store_root` itself when it is a store folder."""
+    root = Path(store_root)
+    path = root if (root / "manifest.json").exists() and not (root / split).exists() else root / split
+    try:
+        return TokenStore.open(path)
+    except StoreError as e:
+        raise UserError(str(e)) from None
+
+
+def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", n_neighbors: int = 2,
+             source: str | None = None, labels: str | Path | None = None, memory: MemoryKind = "auto",
+             max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
+             baseline: str | Path | None = None, bm25_statistics: Literal["causal", "document"] = "causal",
+             precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """`rpt eval`: perplexity of a checkpoint over the documents of a split, optionally with retrieval metrics and the
+    §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it. Layout::
+
+        {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
+         "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
+                  "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision"},
+         "total": {"n_documents", "n_tokens", "nll_sum", "n_targets", "nll_mean", "perplexity", "seconds",
+                   "tokens_per_second", "peak_memory_bytes"},
+         "documents": [{"index", "id", "n_tokens", "n_chunks", "nll_sum", "n_targets", "perplexity", "memory_bytes",
+                        "kv_cache_bytes", "seconds",
+                        ["chunks": {"nll": [C_all], "tokens": [C_all], "neighbors": [[K] x C] | null}]}],
+         ["retrieval": {"model": {"precision@2", "recall@10", "ndcg@20", "n_queries"}, "bm25": {...}, "gain": str}],
+         ["overlap": {"model": {"query", "target", "n"}, "bm25": {...}, "definition": str}],
+         ["subgroups": {"gold": {"improvement", "n"}, "no_gold": {...}, "all": {...}, "definition": str}]}
+    """
+    from rpt.data.store import StoreError as _StoreError
+    from rpt.train import distributed as D
+
+    if n_neighbors < 1:
+        raise UserError(f"--neighbors must be >= 1, not {n_neighbors}")
+    if max_documents < 0:
+        raise UserError(f"--max-documents must be >= 0, not {max_documents}")
+    ckpt = resolve_checkpoint(checkpoint)  # before anything heavy: a wrong path is the commonest mistake
+    tokens_store = open_split(store, split)
+    base = None
+    if baseline is not None:
+        if not Path(baseline).is_file():
+            raise UserError(f"--baseline {baseline}: no such result file")
+        base = json.loads(Path(baseline).read_text())
+        per_chunk = True
+    info = D.setup(None if device in (None, "auto") else device)
+    dev = info.device
+    if device not in (None, "auto") and info.world_size == 1:
+        dev = torch.device(device)
+    try:
+        model, cfg = load_model(ckpt, dev)
+        mcfg = model.cfg
+        tok_id = checkpoint_tokenizer(ckpt, cfg)
+        try:
+            tokens_store.check_compatible(tokenizer_id=tok_id, chunk_size=mcfg.chunk_size, vocab_size=mcfg.vocab_size)
+        except _StoreError as e:
+            raise UserError(f"checkpoint {ckpt} does not match the token store: {e}") from None
+        source = source or default_source(mcfg.variant)
+        check_source(mcfg.variant, source)
+        docs = list(range(len(tokens_store)))[: max_documents or None]
+        label_store = None
+        if labels is not None:
+            label_store = open_eval_labels(labels, tokens_store, mcfg.segment_len, docs)
+        elif source == "oracle" or with_metrics or base is not None:
+            what = "--source oracle" if source == "oracle" else "--metrics" if with_metrics else "--baseline"
+            raise UserError(f"{what} needs --labels: a sem label store of this split with span doc "
+                            f"(rpt label --store {store} --split {split} --kind sem --span doc)")
+        factory = make_memory(memory, dev)
+        if precision not in ("fp32", "bf16"):
+            raise UserError(f"--precision must be fp32 or bf16, not {precision!r}")
+        if precision == "bf16" and dev.type != "cuda":
+            warnings.warn("bf16 is for GPUs (bf16 matmuls are ~600x slower on these CPUs): evaluating in fp32", stacklevel=2)
+            precision = "fp32"
+        t0 = time.perf_counter()
+        part = evaluate(model, tokens_store, docs, source=source, n_neighbors=n_neighbors, labels=label_store,
+                        memory=factory, with_metrics=with_metrics, per_chunk=per_chunk, bm25_statistics=bm25_statistics,
+                        rank=info.rank, world_size=info.world_size, progress=progress and info.is_main,
+                        autocast_dtype=torch.bfloat16 if precision == "bf16" else None)
+        # every rank reduces the same names in the same order (a rank without documents has no metric keys)
+        names = sorted({n for ns in D.all_gather_object(sorted(part["sums"]), info) for n in ns})
+        sums = reduce_sums(part["sums"], names, info)
+        documents = sorted((r for rs in D.all_gather_object(part["documents"], info) for r in rs), key=lambda r: r["index"])
+        seconds = max(D.all_gather_object(time.perf_counter() - t0, info))
+        state = ckpt / "state.json"
+        result: dict[str, Any] = {
+            "format_version": RESULT_VERSION,
+            "checkpoint": str(ckpt),
+            "step": json.loads(state.read_text()).get("step") if state.is_file() else None,
+            "config": cfg.to_dict(),
+            "eval": {"store": str(tokens_store.path), "split": split, "n_neighbors": n_neighbors, "source": source,
+                     "memory": memory_name(factory) if mcfg.uses_retrieval else None,
+                     "labels": None if label_store is None else str(label_store.path), "max_documents": max_documents,
+                     "device": str(dev), "world_size": info.world_size, "tokenizer_checked": tok_id is not None,
+                     "per_chunk": per_chunk, "baseline": None if baseline is None else str(baseline),
+                     "bm25_statistics": bm25_statistics, "precision": precision},
+        }
+        result.update(summarize(sums, documents, seconds))
+        result["documents"] = documents
+        if base is not None and info.is_main:
+            result["subgroups"] = subgroups_against(result, base, label_store, mcfg.chunk_size, mcfg.segment_len)
+        if out is not None and info.is_main:
+            write_json_atomic(out, result)
+        return result
+    finally:
+        D.teardown(info)

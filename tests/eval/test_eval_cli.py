@@ -1,0 +1,146 @@
+"""`rpt eval` end to end on a tiny store with tiny checkpoints written by rpt.train.checkpoint, and its answers to bad
+input (exit code 2, one clear line)."""
+
+import json
+import math
+
+import pytest
+from eval_helpers import M, make_model, make_root, save_checkpoint, tiny_config, word_tokenizer, write_doc_labels
+
+from rpt.cli import main
+
+LENGTHS = [26 * M + 3, 18 * M, 30 * M + 5]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eval")
+    tok = word_tokenizer()
+    root = make_root(tmp / "store", LENGTHS, tokenizer=tok)
+    labels = write_doc_labels(root / "labels" / "test-sem-doc", LENGTHS, tok.identity)
+    runs = {}
+    for variant in ("rpt-sem", "xl", "retro"):
+        runs[variant] = save_checkpoint(tmp / f"run-{variant}", make_model(variant), tiny_config(variant), tokenizer=tok)
+    return {"tmp": tmp, "root": root, "labels": labels, "runs": runs, "tok": tok}
+
+
+def run(*args):
+    return main(["eval", *map(str, args), "--no-progress"])
+
+
+def test_end_to_end_with_metrics_plots_and_baseline(setup, tmp_path, capsys):
+    s = setup
+    xl_out = tmp_path / "xl.json"
+    assert run("--checkpoint", s["runs"]["xl"], "--store", s["root"], "--per-chunk", "--out", xl_out) == 0
+    capsys.readouterr()
+    out = tmp_path / "sem.json"
+    assert run("--checkpoint", s["runs"]["rpt-sem"], "--store", s["root"], "--split", "test", "--neighbors", 3,
+               "--labels", s["labels"], "--metrics", "--memory", "faiss", "--baseline", xl_out, "--plots",
+               tmp_path / "plots", "--compare", xl_out, "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert "rpt-sem  source model  K 3  memory faiss" in printed and "perplexity" in printed
+    assert "precision@2" in printed and "bm25" in printed and "gold" in printed
+    r = json.loads(out.read_text())
+    assert r["format_version"] == 1 and r["step"] == 7 and r["config"]["model"]["variant"] == "rpt-sem"
+    assert r["eval"]["source"] == "model" and r["eval"]["n_neighbors"] == 3 and r["eval"]["tokenizer_checked"]
+    docs, t = r["documents"], r["total"]
+    assert [d["index"] for d in docs] == [0, 1, 2] and [d["n_tokens"] for d in docs] == LENGTHS
+    assert t["n_targets"] == sum(n - 1 for n in LENGTHS) == sum(d["n_targets"] for d in docs)
+    assert t["perplexity"] == pytest.approx(math.exp(sum(d["nll_sum"] for d in docs) / t["n_targets"]))
+    assert t["peak_memory_bytes"] == max(d["memory_bytes"] for d in docs) > 0
+    assert all(len(d["chunks"]["neighbors"][0]) == 3 for d in docs)  # --baseline turned per-chunk data on
+    for name in ("model", "bm25"):
+        m = r["retrieval"][name]
+        assert m["n_queries"] > 0 and all(0 <= m[k] <= 1 for k in ("precision@2", "recall@10", "ndcg@20"))
+        assert r["overlap"][name]["n"] > 0
+    sg = r["subgroups"]
+    assert sg["gold"]["n"] > 0 and sg["no_gold"]["n"] > 0 and sg["all"]["n"] == sg["gold"]["n"] + sg["no_gold"]["n"]
+    for png in ("token_overlap.png", "subgroups.png", "supervision_quality.png"):
+        assert (tmp_path / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    xl = json.loads(xl_out.read_text())
+    assert xl["eval"]["source"] == "none" and xl["eval"]["memory"] is None and xl["total"]["peak_memory_bytes"] == 0
+
+
+def test_sources_and_run_folder(setup, tmp_path, capsys):
+    s = setup
+    res = {}
+    for name, ckpt, extra in [("retro", s["runs"]["retro"], []),
+                              ("oracle", s["runs"]["rpt-sem"].parent.parent, ["--source", "oracle", "--labels",
+                                                                                      s["labels"]]),
+                              ("none", s["runs"]["rpt-sem"], ["--source", "none", "--memory", "torch"])]:
+        out = tmp_path / f"{name}.json"
+        assert run("--checkpoint", ckpt, "--store", s["root"], "--max-documents", 2, "--out", out, *extra) == 0
+        res[name] = json.loads(out.read_text())
+    assert res["retro"]["eval"]["source"] == "bm25" and res["retro"]["total"]["n_documents"] == 2
+    assert res["oracle"]["checkpoint"] == str(s["runs"]["rpt-sem"])  # the run folder resolved to its newest step
+    assert len({r["total"]["perplexity"] for r in res.values()}) == 3
+
+
+def test_default_output_path(setup, capsys):
+    s = setup
+    assert run("--checkpoint", s["runs"]["xl"], "--store", s["root"] / "test", "--max-documents", 1) == 0
+    assert (s["runs"]["xl"] / "eval-test-none-k2.json").is_file()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing-checkpoint", "no checkpoint at"),
+    ("missing-split", "no token store at"),
+    ("other-tokenizer", "does not match the token store"),
+    ("labels-span", "span"),
+    ("labels-tokenizer", "tokenizer"),
+    ("oracle-without-labels", "needs --labels"),
+    ("metrics-without-labels", "needs --labels"),
+    ("xl-bm25", "xl has no chunked cross-attention"),
+    ("retro-model", "retro has no retriever"),
+    ("neighbors-0", "--neighbors must be >= 1"),
+    ("missing-baseline", "no such result file"),
+])
+def test_bad_input_exits_2_with_a_clear_message(setup, tmp_path, capsys, case, message):
+    s = setup
+    sem, root = s["runs"]["rpt-sem"], s["root"]
+    base = ["--store", root, "--out", tmp_path / "r.json"]
+    if case == "missing-checkpoint":
+        args = ["--checkpoint", tmp_path / "nowhere", *base]
+    elif case == "missing-split":
+        args = ["--checkpoint", sem, "--store", root, "--split", "validation"]
+    elif case == "other-tokenizer":
+        other = save_checkpoint(tmp_path / "other", make_model("rpt-sem"), tiny_config(), tokenizer=word_tokenizer(tag="x"))
+        args = ["--checkpoint", other, *base]
+    elif case == "labels-span":
+        bad = write_doc_labels(tmp_path / "labels16", LENGTHS, s["tok"].identity, span="16")
+        args = ["--checkpoint", sem, *base, "--labels", bad, "--metrics"]
+    elif case == "labels-tokenizer":
+        bad = write_doc_labels(tmp_path / "labels-x", LENGTHS, word_tokenizer(tag="x").identity)
+        args = ["--checkpoint", sem, *base, "--labels", bad, "--source", "oracle"]
+    elif case == "oracle-without-labels":
+        args = ["--checkpoint", sem, *base, "--source", "oracle"]
+    elif case == "metrics-without-labels":
+        args = ["--checkpoint", sem, *base, "--metrics"]
+    elif case == "xl-bm25":
+        args = ["--checkpoint", s["runs"]["xl"], *base, "--source", "bm25"]
+    elif case == "retro-model":
+        args = ["--checkpoint", s["runs"]["retro"], *base, "--source", "model"]
+    elif case == "neighbors-0":
+        args = ["--checkpoint", sem, *base, "--neighbors", 0]
+    else:
+        args = ["--checkpoint", sem, *base, "--baseline", tmp_path / "absent.json"]
+    assert run(*args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rpt eval: error:") and message in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_checkpoint_tokenizer_lookup(setup, tmp_path, capsys):
+    import rpt.eval.perplexity as P
+
+    s = setup
+    bare = save_checkpoint(tmp_path / "bare", make_model("xl"), tiny_config("xl"))  # no tokenizer anywhere
+    assert P.checkpoint_tokenizer(bare) is None
+    assert run("--checkpoint", bare, "--store", s["root"], "--max-documents", 1, "--out", tmp_path / "r.json") == 0
+    assert "only chunk size and vocabulary size were checked" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["eval"]["tokenizer_checked"] is False
+    state = json.loads((bare / "state.json").read_text())
+    (bare / "state.json").write_text(json.dumps({**state, "tokenizer": word_tokenizer(tag="x").identity}))
+    assert run("--checkpoint", bare, "--store", s["root"], "--out", tmp_path / "r2.json") == 2
+    assert "does not match the token store" in capsys.readouterr().err
+    assert P.checkpoint_tokenizer(s["runs"]["xl"])["hash"] == s["tok"].hash
