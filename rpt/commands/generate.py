@@ -1,0 +1,135 @@
+"""`rpt generate`: continue prompts with a trained checkpoint, retrieving at every chunk boundary (rpt/generate.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "continue prompts with a checkpoint, retrieving from the prompt and the generated text at every chunk"
+ORDER = 50
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a checkpoint folder (runs/<name>/checkpoints/step_N), its "
+                   "model.safetensors, or a run folder (its newest checkpoint)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="prompt text; repeat for a batch of prompts")
+    src.add_argument("--prompt-file", help="read the prompt(s) from a file (see --prompt-sep)")
+    p.add_argument("--prompt-sep", choices=["none", "line", "blank"], default="none",
+                   help="how --prompt-file holds several prompts: none (the whole file is one prompt), line (one per "
+                   "non-empty line), blank (paragraphs separated by blank lines)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per prompt (default 200)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores --temperature/--top-p/--top-k)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0; 0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i (default 0)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop a continuation at the end-of-text token")
+    p.add_argument("--neighbors", type=int, help="K neighbours fed to CCA (default: the model's n_neighbors)")
+    p.add_argument("--retrieve-k", type=int, help="also report the retriever's top-R per chunk (rpt-* variants)")
+    p.add_argument("--ragged", choices=["separate", "truncate"], default="separate",
+                   help="prompts of different lengths: run each length as its own batch (default), or cut all on the "
+                   "left to the shortest (the model runs a batch in lockstep, without padding)")
+    p.add_argument("--memory", choices=["torch", "faiss"], default="torch", help="document memory (default torch)")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the one beside data.store)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
+    p.add_argument("--echo", action="store_true", help="print the prompt before its continuation")
+    p.add_argument("--show-retrieval", action="store_true",
+                   help="after each generated chunk, print (to stderr) the chunks it retrieved with a snippet of each")
+    p.add_argument("--json", help="also write every result (prompt, tokens, text, retrieved ids per chunk) to this file")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    from rpt.cli import UserError
+
+    if args.prompt is not None:
+        prompts = list(args.prompt)
+    else:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UserError(f"--prompt-file {path}: no such file")
+        text = path.read_text(encoding="utf-8")
+        if args.prompt_sep == "line":
+            prompts = [line for line in text.splitlines() if line.strip()]
+        elif args.prompt_sep == "blank":
+            prompts = [p.strip("\n") for p in text.split("\n\n") if p.strip()]
+        else:
+            prompts = [text]
+    if not prompts or any(not p.strip() for p in prompts):
+        raise UserError("empty prompt: give some text to continue")
+    return prompts
+
+
+def _snippet(text: str, n: int = 70) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from rpt.cli import UserError
+    from rpt.generate import ChunkEvent, GenerateConfig, TokenEvent, generate, load_model, memory_factory
+
+    prompts = read_prompts(args)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_model(args.checkpoint, device, args.tokenizer)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise UserError(f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in the checkpoint or run folder, "
+                        f"nor beside data.store {loaded.config.data.store}): pass --tokenizer")
+    ids = [tok.encode(p) for p in prompts]
+    if any(not x for x in ids):
+        raise UserError("empty prompt: it encodes to no tokens")
+    cfg = GenerateConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
+                         top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop_at_eos=args.stop_at_eos,
+                         eos_id=tok.eos_id, n_neighbors=args.neighbors, retrieve_k=args.retrieve_k, ragged=args.ragged,
+                         vocab_size=tok.vocab_size)
+    if cfg.stop_at_eos and cfg.eos_id is None:
+        raise UserError("--stop-at-eos: the tokenizer has no end-of-text token")
+    M = loaded.config.model.chunk_size
+    history = [list(x) for x in ids]  # per prompt: the document so far, to show retrieved chunks' text
+    single = len(prompts) == 1
+
+    def on_event(ev) -> None:
+        if isinstance(ev, TokenEvent):
+            history[ev.row].append(ev.token)
+            if single:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        elif isinstance(ev, ChunkEvent) and args.show_retrieval and ev.retrieval.generated:
+            r = ev.retrieval
+            doc = history[ev.row]
+            parts = []
+            for k, j in enumerate(r.neighbor_ids):
+                if j < 0:
+                    continue
+                gate = f" gate {r.gates[k]:.2f}" if r.gates is not None else ""
+                parts.append(f"  #{j}{gate}: {_snippet(tok.decode(doc[j * M : (j + 2) * M]))!r}")
+            head = f"[prompt {ev.row}] " if not single else ""
+            body = "\n".join(parts) if parts else "  (nothing retrievable yet)"
+            print(f"\n{head}chunk {r.chunk} finished; its neighbours for chunk {r.chunk + 1}:\n{body}", file=sys.stderr)
+
+    if single and args.echo:
+        sys.stdout.write(prompts[0])
+    results = generate(loaded.model, ids, cfg, tokenizer=tok, memory=memory_factory(args.memory), on_event=on_event)
+    if single:
+        sys.stdout.write("\n")
+    else:
+        for i, g in enumerate(results):
+            print(f"=== prompt {i} ({len(g.prompt)} tokens{f', {g.truncated} cut on the left' if g.truncated else ''}) ===")
+            if args.echo:
+                print(tok.decode(g.prompt), end="")
+            print(g.text)
+    if args.json:
+        from dataclasses import asdict
+
+        out = [{"prompt": p, **asdict(g)} for p, g in zip(prompts, results, strict=True)]
+        Path(args.json).write_text(json.dumps({"checkpoint": str(loaded.path), "variant": loaded.config.model.variant,
+                                               "chunk_size": M, "results": out}, indent=1))
+    return 0
