@@ -5,7 +5,8 @@ For every query chunk c_q = c_i of a document the page shows its target chunk c_
 
     model   the retriever's top-R over the document memory (rpt-lex / rpt-sem) with its scores s_q, marking the K that
             CCA used and their gate values; for retro the BM25 neighbours CCA used; nothing for xl
-    BM25    BM25's top-R among the retrievable chunks with the query chunk alone as the query (RETRO at inference)
+    BM25    BM25's top-R among the retrievable chunks with the query chunk alone as the query and causal statistics
+            (RETRO at inference; the same neighbours as `rpt eval --source bm25`)
     gold    the label store's candidates (BM25 with query (c_q, c_t), §3.2) ordered by the scoring LM's target score
             s_t, positives (s_t > 0) marked; with "lex" labels the BM25 top-k are the positives
 
@@ -157,15 +158,33 @@ def _finite(x: float) -> float | None:
 
 
 def gold_ids(labels: LabelRows, kind: str, k: int) -> np.ndarray:
-    """The oracle's neighbours [C, k]: positives by s_t (sem) or BM25 order (lex), -1 where fewer."""
-    cand = np.asarray(labels.candidates)
+    """The oracle's neighbours [C, k]: the best positives by s_t (sem, `rpt.eval.perplexity.oracle_neighbors`) or the
+    BM25 (c_q, c_t) order (lex: its top-k are the positives), -1 where fewer."""
+    from rpt.eval.perplexity import oracle_neighbors
+
+    cand = np.asarray(labels.candidates, dtype=np.int64)
     if kind == "lex":
-        return np.where(cand[:, :k] >= 0, cand[:, :k], -1).astype(np.int64)
-    target = np.asarray(labels.target, dtype=np.float64)
-    key = np.where(np.isfinite(target) & (target > 0) & (cand >= 0), target, -np.inf)
-    order = np.argsort(-key, axis=1, kind="stable")[:, :k]
-    ids = np.take_along_axis(cand, order, 1)
-    return np.where(np.isfinite(np.take_along_axis(key, order, 1)), ids, -1).astype(np.int64)
+        return np.pad(cand[:, :k], ((0, 0), (0, max(0, k - cand.shape[1]))), constant_values=-1)
+    return oracle_neighbors(cand, np.asarray(labels.target), k)
+
+
+def bm25_causal(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 with the query chunk c_q alone among its retrievable chunks, causal statistics (idf and average length of
+    the retrievable chunks only): the ids of `rpt.eval.perplexity.bm25_neighbors` (what `rpt eval --source bm25` and
+    retro generation use), with their scores. Returns ids int64 [C, k] (-1 none) and scores float32 [C, k] (-inf)."""
+    from rpt.labels.bm25 import bm25_weights, chunk_term_matrix, topk_rows
+
+    cps = segment_len // chunk_size
+    counts = chunk_term_matrix(np.asarray(tokens), chunk_size)  # [C, V']
+    C = counts.shape[0]
+    ids, scores = np.full((C, k), -1, np.int64), np.full((C, k), -np.inf, np.float32)
+    for s0 in range(2 * cps, C, cps):  # the chunks of one segment share one retrievable set 0..limit
+        limit = int(last_retrievable(s0, chunk_size, segment_len))
+        block = (counts[s0 : s0 + cps] @ bm25_weights(counts[: limit + 1]).T).toarray()  # [<=cps, limit+1]
+        block[block <= 0] = -np.inf  # shares no token with the query: not a candidate
+        i, v = topk_rows(block, k)
+        ids[s0 : s0 + cps], scores[s0 : s0 + cps] = i, np.where(i >= 0, v, -np.inf)
+    return ids, scores
 
 
 def explore_document(model: RPT, tokens: np.ndarray | Sequence[int], *, labels: LabelRows | None = None,
@@ -177,8 +196,6 @@ def explore_document(model: RPT, tokens: np.ndarray | Sequence[int], *, labels: 
     tokens [L]; labels: the document's rows of a label store (document-absolute ids, whole-document span);
     top: R neighbours per column; chunks: query chunk indices to keep (default: every chunk that can retrieve and has
     a target); compare: extra passes among "none", "bm25", "gold" whose target loss is reported beside the model's."""
-    from rpt.labels.bm25 import bm25_candidates
-
     cfg = model.cfg
     M, S = cfg.chunk_size, cfg.segment_len
     K = n_neighbors or cfg.n_neighbors
@@ -201,7 +218,7 @@ def explore_document(model: RPT, tokens: np.ndarray | Sequence[int], *, labels: 
     elif "gold" in compare:
         raise ValueError("compare 'gold' needs labels")
 
-    bm25_ids, bm25_scores = bm25_candidates(tokens[: C * M], M, S, k=max(top, K), query="chunk")  # [C, k]
+    bm25_ids, bm25_scores = bm25_causal(tokens[: C * M], M, S, k=max(top, K))  # [C, k]
     bm25_feed = np.where(bm25_ids[:, :K] >= 0, bm25_ids[:, :K], -1).astype(np.int64)
     main = run_document(model, tokens, K, max(top, K), bm25_feed if cfg.variant == "retro" else None, memory)
     passes = {"model": main}

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from rpt.chunks import chunks_per_segment
 from rpt.utils import UserError
 
 if TYPE_CHECKING:
@@ -183,51 +182,46 @@ def sample_next(logits: torch.Tensor, cfg: GenerateConfig, generators: Sequence[
 
 
 class Bm25Neighbours:
-    """RETRO's neighbours at generation: BM25 with the finished chunk c_q as the query, over the text so far.
+    """RETRO's neighbours at generation: BM25 with the finished chunk c_q alone as the query, among the chunks
+    retrievable for it, with causal statistics (idf and average length from those retrievable chunks only): exactly
+    `rpt eval --source bm25` (`rpt.eval.perplexity.bm25_neighbors`), so generation sees what evaluation measured.
 
-    Causal by construction: chunk i's neighbours are BM25's top-K over the tokens of chunks 0..i only (statistics
-    included), computed when chunk i finishes, whether it finished in the prompt or in generated text; so the ids do
-    not depend on where the prompt ended. `ids()` is the `neighbor_ids` argument of `model.step` ([B, C, K],
-    document-absolute, covering every finished chunk)."""
+    A chunk's ids depend only on text up to its own end, so they never change as text is added, and do not depend on
+    where the prompt ended. `ids()` is the `neighbor_ids` argument of `model.step` ([B, C, K], document-absolute,
+    covering every finished chunk)."""
 
     def __init__(self, n_rows: int, chunk_size: int, segment_len: int, k: int) -> None:
         try:
-            from rpt.labels.bm25 import bm25_candidates
-        except ImportError as e:  # the label package is someone else's module: fail with what is missing
-            raise UserError("retro generation needs rpt.labels.bm25.bm25_candidates (BM25 neighbours at every chunk), "
+            from rpt.eval.perplexity import bm25_neighbors
+        except ImportError as e:  # someone else's module: fail with what is missing
+            raise UserError("retro generation needs BM25 neighbours at every chunk (rpt.eval.perplexity.bm25_neighbors), "
                             f"which cannot be imported: {e}") from e
-        self._bm25 = bm25_candidates
+        self._bm25 = bm25_neighbors
         self.M, self.S, self.k = chunk_size, segment_len, k
-        self.first = 2 * chunks_per_segment(chunk_size, segment_len)  # chunks before this retrieve nothing
-        self.rows: list[list[np.ndarray]] = [[] for _ in range(n_rows)]  # per row: one [K] array per finished chunk
+        self.rows = [np.full((0, k), -1, np.int64) for _ in range(n_rows)]  # per row: [finished chunks, K]
 
     def update(self, history: Sequence[Sequence[int]], n_tokens: int) -> None:
         """Cover every chunk finished within the first n_tokens of each row's history."""
+        n_chunks = n_tokens // self.M
         for b, toks in enumerate(history):
-            for c in range(len(self.rows[b]), n_tokens // self.M):
-                row = np.full(self.k, -1, np.int64)
-                if c >= self.first:
-                    ids, _ = self._bm25(np.asarray(toks[: (c + 1) * self.M], dtype=np.int64), self.M, self.S, k=self.k,
-                                        query="chunk")
-                    row = ids[c].astype(np.int64)
-                self.rows[b].append(row)
+            have = len(self.rows[b])
+            if have < n_chunks:
+                ids = self._bm25(np.asarray(toks[: n_chunks * self.M], dtype=np.int64), self.M, self.S, self.k)  # [C, K]
+                self.rows[b] = np.concatenate([self.rows[b], ids[have:n_chunks]])
 
     def ids(self, device: torch.device) -> torch.Tensor:
-        return torch.from_numpy(np.stack([np.stack(r) if r else np.zeros((0, self.k), np.int64) for r in self.rows])).to(device)
+        return torch.from_numpy(np.stack(self.rows)).to(device)  # [B, C, K]
 
 
-def memory_factory(kind: str = "torch") -> Callable[[], ChunkMemory] | None:
-    """The document memory to generate with: "torch" (exact matmul, the model's default) or "faiss"
-    (rpt.eval.memory.FaissMemory, an inner-product index on the CPU as in the paper)."""
-    if kind == "torch":
-        return None
-    if kind == "faiss":
-        try:
-            from rpt.eval.memory import FaissMemory  # type: ignore[attr-defined]
-        except ImportError as e:
-            raise UserError(f"--memory faiss needs rpt.eval.memory.FaissMemory ({e}); use --memory torch") from e
-        return FaissMemory
-    raise UserError(f"memory must be 'torch' or 'faiss', not {kind!r}")
+def memory_factory(kind: str = "auto", device: torch.device | str = "cpu") -> Callable[[], ChunkMemory]:
+    """The document memory to generate with (`rpt.eval.memory.make_memory`): "torch" (exact matmul), "faiss" (an
+    inner-product index on the CPU, as in the paper) or "auto" (torch on a GPU, Faiss on CPU when installed)."""
+    from rpt.eval.memory import make_memory
+
+    try:
+        return make_memory(kind, device)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -445,28 +439,9 @@ class LoadedModel:
     path: Path  # the checkpoint folder
 
 
-def _checkpoint_folder(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"--checkpoint {path}: no such file or folder")
-    if p.is_file():
-        if p.name != "model.safetensors":
-            raise UserError(f"--checkpoint {path}: expected a checkpoint folder or its model.safetensors")
-        p = p.parent
-    if (p / "model.safetensors").is_file():
-        return p
-    from rpt.train.checkpoint import latest  # a run folder: its newest complete checkpoint
-
-    last = latest(p)
-    if last is None:
-        raise UserError(f"--checkpoint {path}: neither a checkpoint folder (model.safetensors) nor a run folder "
-                        "with checkpoints/step_*")
-    return last
-
-
 def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
-    """The tokenizer a checkpoint was trained with: tokenizer.json in the checkpoint or run folder, else the one beside
-    the token store its config names (data.store)."""
+    """The tokenizer file a checkpoint was trained with: tokenizer.json in the checkpoint or run folder, else the one
+    beside the token store its config names (data.store); None when there is none."""
     for cand in (folder / "tokenizer.json", folder.parent.parent / "tokenizer.json", Path(cfg.data.store) / "tokenizer.json"):
         if cand.is_file():
             return cand
@@ -474,27 +449,17 @@ def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None) -> LoadedModel:
-    """Load a checkpoint for inference: its folder (model.safetensors + config.yaml), the model.safetensors file, or a
-    run folder (its newest checkpoint). The tokenizer is `tokenizer` if given, else found by `find_tokenizer` (None
-    when nowhere to be found). The model is in eval mode on `device`.
-
-    The one place generation and the explorer load checkpoints (rpt.train.checkpoint writes them)."""
-    from rpt.config import RPTConfig
+    """Load a checkpoint for inference (eval mode, on `device`): its folder, its model.safetensors, or a run folder
+    (the newest checkpoint), through `rpt.eval.perplexity.load_model`. The tokenizer is `tokenizer` if given, else
+    found by `find_tokenizer` (None when nowhere to be found). The one place generation and the explorer load models."""
     from rpt.data.tokenizer import Tokenizer
-    from rpt.model.rpt import RPT
-    from rpt.train.checkpoint import load_weights
+    from rpt.eval.perplexity import load_model as load_checkpoint
+    from rpt.eval.perplexity import resolve_checkpoint
 
-    folder = _checkpoint_folder(path)
-    cfg_path = next((c for c in (folder / "config.yaml", folder.parent.parent / "config.yaml") if c.is_file()), None)
-    if cfg_path is None:
-        raise UserError(f"checkpoint {folder} has no config.yaml")
-    cfg = RPTConfig.from_yaml(cfg_path)
-    model = RPT(cfg.model)
-    try:
-        load_weights(model, folder / "model.safetensors")
-    except RuntimeError as e:
-        raise UserError(f"checkpoint {folder}: weights do not match its config.yaml: {str(e).splitlines()[0]}") from e
-    model.to(device).eval()
+    if not Path(path).exists():
+        raise UserError(f"--checkpoint {path}: no such file or folder")
+    folder = resolve_checkpoint(path)
+    model, cfg = load_checkpoint(folder, device)
     tok_path = Path(tokenizer) if tokenizer is not None else find_tokenizer(folder, cfg)
     tok = Tokenizer.from_file(tok_path) if tok_path is not None else None
     if tok is not None and tok.vocab_size > cfg.model.vocab_size:

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from rpt import RPT, RPTConfig
 from rpt.chunks import last_retrievable
-from rpt.explore import explore_document, gold_ids, render_html, token_pieces
+from rpt.eval.perplexity import bm25_neighbors
+from rpt.explore import bm25_causal, explore_document, gold_ids, render_html, token_pieces
 from rpt.labels.bm25 import bm25_candidates
 from rpt.labels.store import LabelRows
 
@@ -117,7 +118,7 @@ def explored(tok):
 
 def test_explorer_numbers_match_full_forward(explored):
     """Top ids/scores, the neighbours CCA used, gates and target losses equal the model's full forward; BM25 equals
-    rpt.labels.bm25 with the query chunk; gold follows the labels."""
+    rpt eval's (query chunk, causal statistics); gold follows the labels."""
     exp, tokens, model, labels = explored["exp"], explored["tokens"], explored["model"], explored["labels"]
     x = torch.as_tensor(tokens)[None]
     with torch.no_grad():
@@ -125,7 +126,7 @@ def test_explorer_numbers_match_full_forward(explored):
         alone = model(x, neighbor_ids=torch.full((1, 14, 2), -1))
     nll = F.cross_entropy(full.logits[0, :-1], x[0, 1:], reduction="none").numpy()
     nll_none = F.cross_entropy(alone.logits[0, :-1], x[0, 1:], reduction="none").numpy()
-    bm_ids, bm_scores = bm25_candidates(tokens, M, S, k=3, query="chunk")
+    bm_ids = bm25_neighbors(tokens, M, S, 3)  # what `rpt eval --source bm25` feeds retro
     assert [q.chunk for q in exp.queries] == list(range(4, 13))
     for q in exp.queries:
         i = q.chunk
@@ -186,10 +187,28 @@ def test_explore_xl_and_retro(tok):
     assert xl.queries and all(q.model == [] and q.bm25 for q in xl.queries) and xl.passes == ["model"]
     assert "xl retrieves nothing" in render_html(xl, tok)
     retro = explore_document(make("retro"), tokens, top=2)
-    bm_ids, _ = bm25_candidates(tokens, M, S, k=2, query="chunk")
+    bm_ids = bm25_neighbors(tokens, M, S, 2)
     for q in retro.queries:  # retro feeds BM25 (query c_q) to CCA
         assert [n.chunk for n in q.model] == [j for j in bm_ids[q.chunk] if j >= 0] and all(n.used for n in q.model)
     assert Dom(render_html(retro, tok)).errors == []
+
+
+def test_bm25_column_scores(tok):
+    """bm25_causal gives rpt eval's ids, best first, with BM25 scores of the query chunk against the retrievable
+    chunks under their own statistics."""
+    from rpt.labels.bm25 import bm25_weights, chunk_term_matrix
+
+    tokens = np.asarray(tok.encode(TEXT)[:1100], dtype=np.int64)
+    ids, scores = bm25_causal(tokens, M, S, 5)
+    np.testing.assert_array_equal(ids, bm25_neighbors(tokens, M, S, 5))
+    counts = chunk_term_matrix(tokens, M)
+    for i in (4, 9, 16):
+        lim = last_retrievable(i, M, S)
+        full = (counts[i] @ bm25_weights(counts[: lim + 1]).T).toarray()[0]  # [lim + 1]
+        got = [j for j in ids[i] if j >= 0]
+        np.testing.assert_allclose(scores[i][: len(got)], full[got], rtol=1e-5)
+        assert list(scores[i][: len(got)]) == sorted(scores[i][: len(got)], reverse=True)
+        assert np.isneginf(scores[i][len(got):]).all()
 
 
 def test_explore_short_document_and_bad_input(tok):

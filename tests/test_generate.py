@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rpt import RPT, RPTConfig
+from rpt.eval.perplexity import bm25_neighbors
 from rpt.generate import (
     ChunkEvent,
     GenerateConfig,
@@ -21,7 +22,6 @@ from rpt.generate import (
     sample_next,
     stream,
 )
-from rpt.labels.bm25 import bm25_candidates
 from rpt.model.memory import TorchMemory
 
 V, M, S = 101, 64, 128  # tiny preset: chunk 64, segment 128 -> chunks 4.. retrieve
@@ -44,11 +44,12 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def causal_bm25(seq: list[int], n_chunks: int, k: int, cache: dict[int, np.ndarray]) -> torch.Tensor:
-    """Reference RETRO neighbours: chunk i's BM25 top-k (query c_i) over chunks 0..i only. [1, C, k]"""
+    """Reference RETRO neighbours [1, C, k]: chunk i's BM25 neighbours (rpt eval's, query c_i, causal statistics)
+    computed from the text up to the end of chunk i alone."""
     rows = []
     for i in range(n_chunks):
         if i not in cache:
-            cache[i] = bm25_candidates(np.asarray(seq[: (i + 1) * M]), M, S, k=k, query="chunk")[0][i]
+            cache[i] = bm25_neighbors(np.asarray(seq[: (i + 1) * M]), M, S, k)[i]
         rows.append(cache[i])
     return torch.from_numpy(np.stack(rows)).long()[None]
 

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", help="query chunks to show, A:B (default: every chunk that can retrieve)")
     p.add_argument("--compare", default="", help="comma list of none,bm25,gold: also compute each target chunk's loss "
                    "with no neighbours / BM25's / the gold ones fed to CCA (one more pass over the document each)")
-    p.add_argument("--memory", choices=["torch", "faiss"], default="torch", help="document memory (default torch)")
+    p.add_argument("--memory", choices=["auto", "torch", "faiss"], default="auto",
+                   help="document memory: torch matmul, Faiss on CPU, or auto (torch on GPU, Faiss on CPU if installed)")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the store's)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the document has {len(tokens)} tokens: fewer than two chunks of {mcfg.chunk_size}")
     exp = explore_document(loaded.model, tokens, labels=labels, label_kind=label_kind, top=args.top,
                            n_neighbors=args.neighbors, chunks=_chunk_range(args.chunks), compare=compare,
-                           memory=memory_factory(args.memory))
+                           memory=memory_factory(args.memory, device))
     page = render_html(exp, tok, title=f"RPT retrieval explorer — {meta['document']}", meta=meta)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

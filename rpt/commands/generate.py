@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ragged", choices=["separate", "truncate"], default="separate",
                    help="prompts of different lengths: run each length as its own batch (default), or cut all on the "
                    "left to the shortest (the model runs a batch in lockstep, without padding)")
-    p.add_argument("--memory", choices=["torch", "faiss"], default="torch", help="document memory (default torch)")
+    p.add_argument("--memory", choices=["auto", "torch", "faiss"], default="auto",
+                   help="document memory: torch matmul, Faiss on CPU, or auto (torch on GPU, Faiss on CPU if installed)")
     p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the one beside data.store)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     if single and args.echo:
         sys.stdout.write(prompts[0])
-    results = generate(loaded.model, ids, cfg, tokenizer=tok, memory=memory_factory(args.memory), on_event=on_event)
+    results = generate(loaded.model, ids, cfg, tokenizer=tok, memory=memory_factory(args.memory, device), on_event=on_event)
     if single:
         sys.stdout.write("\n")
     else:
