@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rpt.config import RPTConfig
-from rpt.utils import write_json_atomic
+from rpt.utils import UserError, write_json_atomic
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -199,3 +199,63 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
         metrics=state.get("metrics", {}),
         config=RPTConfig.from_yaml(path / "config.yaml"),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# loading a trained model (eval, generate, explore, scorer)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint step folder from: the folder itself, its model.safetensors, or a run folder (its newest step)."""
+    p = Path(path)
+    if p.is_file() and p.name == "model.safetensors":
+        p = p.parent
+    if (p / "model.safetensors").is_file():
+        return p
+    if p.is_dir() and (newest := latest(p)) is not None:
+        return newest
+    raise UserError(f"no checkpoint at {path}: expected a checkpoint folder holding model.safetensors, or a run folder "
+                    "with checkpoints/step_*/")
+
+
+def checkpoint_config(folder: Path) -> RPTConfig:
+    for cand in (folder / "config.yaml", folder.parent.parent / "config.yaml"):
+        if cand.is_file():
+            return RPTConfig.from_yaml(cand)
+    raise UserError(f"checkpoint {folder} has no config.yaml")
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, RPTConfig]:
+    """(model in eval mode on `device`, its config) from a checkpoint (see `resolve_checkpoint`). Reads only the
+    weights and the config, never the optimiser state."""
+    from rpt.model.rpt import RPT
+    folder = resolve_checkpoint(path)
+    cfg = checkpoint_config(folder)
+    model = RPT(cfg.model)
+    try:
+        load_weights(model, folder)
+    except RuntimeError as e:
+        raise UserError(f"checkpoint {folder}: weights do not match its config.yaml: {str(e).splitlines()[0]}") from e
+    return model.to(device).eval(), cfg
+
+
+def checkpoint_tokenizer(path: str | Path, cfg: RPTConfig | None = None) -> dict[str, Any] | None:
+    """The tokenizer identity ({name, hash, vocab_size}) a checkpoint was trained with, or None when it cannot tell.
+
+    Looked up, in order: tokenizer.json in the checkpoint folder or its run folder, a "tokenizer" entry of state.json,
+    then tokenizer.json of the token store the run trained on (config data.store), if that still exists.
+    """
+    from rpt.data.tokenizer import Tokenizer
+
+    folder = resolve_checkpoint(path)
+    for cand in (folder / "tokenizer.json", folder.parent.parent / "tokenizer.json"):
+        if cand.is_file():
+            return Tokenizer.from_file(cand).identity
+    state = folder / "state.json"
+    if state.is_file():
+        tok = json.loads(state.read_text()).get("tokenizer")
+        if isinstance(tok, dict) and tok.get("hash"):
+            return tok
+    if cfg is not None and (Path(cfg.data.store) / "tokenizer.json").is_file():
+        return Tokenizer.from_file(Path(cfg.data.store) / "tokenizer.json").identity
+    return None

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import random
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -308,6 +309,10 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.to_yaml(out_dir / "config.yaml")
+        # the run records its tokenizer, so eval/generate can refuse a store tokenized differently
+        tok = next((p / "tokenizer.json" for p in (store.path, store.path.parent) if (p / "tokenizer.json").is_file()), None)
+        if tok is not None:
+            shutil.copyfile(tok, out_dir / "tokenizer.json")
 
     def save(step: int, metrics: dict[str, float]) -> Path | None:
         model_state, optim_state = _full_state(model, optimizer)
