@@ -100,7 +100,9 @@ class Exploration:
 
 
 @dataclass
-class _Pass:
+class DocumentPass:
+    """One pass of the model over a document (`run_document`)."""
+
     nll: np.ndarray  # [L - 1] nll[p] = -log P(token p+1 | tokens <= p)
     neighbor_ids: np.ndarray | None = None  # [C, K]
     gates: np.ndarray | None = None  # [C, K]
@@ -111,7 +113,7 @@ class _Pass:
 @torch.no_grad()
 def run_document(model: RPT, tokens: np.ndarray, n_neighbors: int, retrieve_k: int | None = None,
                  neighbor_ids: np.ndarray | None = None,
-                 memory: ChunkMemory | Callable[[], ChunkMemory] | None = None) -> _Pass:
+                 memory: ChunkMemory | Callable[[], ChunkMemory] | None = None) -> DocumentPass:
     """One pass of `model.step` over a document, a segment at a time: per-token NLL and, per finished chunk, the
     neighbours CCA used, their gates and the retriever's top-R. neighbor_ids [C, K'] document-absolute ids to feed
     instead of the model's own (retro: required; -1 everywhere: no retrieval)."""
@@ -124,7 +126,7 @@ def run_document(model: RPT, tokens: np.ndarray, n_neighbors: int, retrieve_k: i
     R = retrieve_k if cfg.has_retriever else None
     cache = model.new_cache(memory)
     nll = np.zeros(max(L - 1, 0), np.float32)
-    res = _Pass(nll)
+    res = DocumentPass(nll)
     if cfg.uses_retrieval:
         res.neighbor_ids, res.gates = np.full((C, n_neighbors), -1, np.int64), np.full((C, n_neighbors), np.nan, np.float32)
     if R:
