@@ -35,7 +35,7 @@ def require(module: str, purpose: str = "") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        hint = _INSTALL.get(module, f"pip install {module}")
+        hint = _INSTALL.get(module, _INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}"))
         why = f" for {purpose}" if purpose else ""
         raise MissingDependency(f"{module} is needed{why} but is not installed. Install it with:\n    {hint}") from e
 
