@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  shard done; the other shards of {out} are still running (merge: rpt label ... --merge N)")
     if args.quality and m["kind"] == "sem" and path == out:
         curve = supervision_quality(labels)
-        png = plot_supervision_quality({f"{args.split} ({m['scorer']})": curve}, args.quality)
+        png = plot_supervision_quality({f"{args.split} ({Path(str(m['scorer'])).name})": curve}, args.quality)
         print("  max s_t among BM25 top-K, K=1..: " + " ".join(f"{v:.3f}" for v in curve))
         print(f"  plot: {png}")
     return 0

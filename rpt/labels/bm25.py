@@ -24,7 +24,8 @@ BM25 variant (chosen to equal bm25s' default ``method="lucene"`` exactly, and ra
 
 Everything is vectorised over the span: a sparse chunk x term count matrix T (scipy CSR), the BM25 document weights
 W (same sparsity), the query matrix Q (T, or T[i] + T[i+1]), scores Q @ W^T computed in blocks of query rows with only
-the columns that block may retrieve, the retrievable mask from `rpt.chunks`, and a per-row top-k by partition.
+the columns that block may retrieve (terms found in many chunks through one dense matmul, the rest through the sparse
+product), the retrievable mask from `rpt.chunks`, and a per-row top-k by partition. No Python loop runs over chunks.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_st
 
 Kind = Literal["lex", "sem"]
 BM25_VARIANT = "lucene"  # see rpt/labels/bm25.py
+SCORE_ROWS = 256  # query chunks per target_scores call (each brings k + 1 scorer sequences)
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,14 @@ def span_starts(n_chunks: int, spec: LabelSpec) -> np.ndarray:
     return np.append(np.arange(0, n_chunks, step, dtype=np.int64), n_chunks)
 
 
-def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = None,
-                   decode: DecodeBatch | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = None, decode: DecodeBatch | None = None,
+                   on_progress: Callable[[int], None] | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     """Labels of one document: candidates int32 [C, k] (document-absolute, -1 = none), bm25 float32 [C, k],
-    target float32 [C, k] (NaN unless kind "sem"), and counts {n_scored, n_positive}. C = len(tokens) // M."""
+    target float32 [C, k] (NaN unless kind "sem"), and counts {n_scored, n_positive}. C = len(tokens) // M.
+
+    Query chunks are scored SCORE_ROWS at a time (bounded memory on long documents); on_progress(c) is told how many
+    chunks of the document are done so far."""
     m, k = spec.chunk_size, spec.k
     n_chunks = len(tokens) // m
     cand = np.full((n_chunks, k), -1, np.int32)
@@ -97,9 +102,14 @@ def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = 
         first, end = starts[span_of], starts[span_of + 1]
         # Rows with candidates whose target c_{i+1} lies in the same span (always so for query "pair").
         rows = np.nonzero((cand >= 0).any(axis=1) & (np.arange(n_chunks) + 1 < end))[0]
-        if len(rows):
-            chunks = np.asarray(tokens[: n_chunks * m]).reshape(n_chunks, m)
-            target[rows] = target_scores(scorer, chunks, rows, cand[rows], first[rows], decode)
+        chunks = np.asarray(tokens[: n_chunks * m]).reshape(n_chunks, m)
+        for g in range(0, len(rows), SCORE_ROWS):
+            group = rows[g : g + SCORE_ROWS]
+            target[group] = target_scores(scorer, chunks, group, cand[group], first[group], decode)
+            if on_progress is not None:
+                on_progress(int(group[-1]) + 1)
+    if on_progress is not None:
+        on_progress(n_chunks)
     scored = np.isfinite(target)
     return cand, bm25, target, {"n_scored": int(scored.sum()), "n_positive": int((target[scored] > 0).sum())}
 
@@ -197,30 +207,37 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
         "tokenizer": store.tokenizer_id,
         "token_store": {"n_documents": len(store), "n_tokens": int(store.manifest.get("n_tokens", 0))},
         "labelled_documents": n_docs,
-        "shard": [i, n],
+        "shard": [i, n] if n > 1 else None,
     }
-    for done_path in (path, out):
+    for done_path in dict.fromkeys((out, path)):  # the final folder, then this shard's
         if (done_path / "manifest.json").exists():
             if overwrite:
                 shutil.rmtree(done_path)
                 continue
             old = LabelStore.open(done_path).manifest
             same = all(old.get(key) == value for key, value in config.items() if key != "shard")
-            if same and (done_path == path or old.get("doc_range") == [0, n_docs]):
-                return done_path  # already complete: nothing to do
+            if same and done_path == out and old.get("doc_range") == [0, n_docs]:
+                return out  # already complete: nothing to do
+            if same and done_path == path:  # this shard is done; the merge may not be
+                return out if _merge_if_complete(out, n) else path
             raise LabelError(f"{done_path} already holds other labels (kind {old.get('kind')}, span {old.get('span')}, "
                              f"scorer {old.get('scorer')}); delete it or pass --overwrite")
     writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], spec.k)
     from tqdm.auto import tqdm
 
     done_rows = int(writer.offsets[writer.next_doc - lo])
-    bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", unit_scale=True, disable=not progress,
+    bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", disable=not progress,
                desc=f"label {spec.kind} {path.name}", dynamic_ncols=True)
     try:
         for d in range(writer.next_doc, hi):
-            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode)
+            shown = [0]  # chunks of document d already counted on the bar
+
+            def advance(done: int, shown: list[int] = shown) -> None:
+                bar.update(done - shown[0])
+                shown[0] = done
+
+            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance)
             writer.write(d, cand, bm25, target, stats)
-            bar.update(len(cand))
             if spec.kind == "sem" and writer.stats["n_scored"]:
                 bar.set_postfix(positive=f"{writer.stats['n_positive'] / writer.stats['n_scored']:.3f}", refresh=False)
             if on_document is not None:

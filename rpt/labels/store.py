@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,8 @@ class LabelWriter:
         self.resumed = progress is not None
         if progress is None:
             if self.tmp.exists():
+                warnings.warn(f"{self.tmp}: an unfinished run with other settings (or unreadable progress) is discarded; "
+                              "starting over", stacklevel=2)
                 shutil.rmtree(self.tmp)
             self.tmp.mkdir(parents=True)
             np.save(self.tmp / "chunk_offsets.npy", self.offsets)

@@ -9,7 +9,7 @@ from labels_helpers import doc_texts, make_store, tiny_lm, train_bpe
 
 from rpt.cli import main
 from rpt.labels.bm25 import bm25_candidates
-from rpt.labels.pipeline import LabelSpec, label_document, label_split, shard_range, store_decoder
+from rpt.labels.pipeline import LabelSpec, label_document, label_split, merge_shards, shard_path, shard_range, store_decoder
 from rpt.labels.scorer import HFScorer
 from rpt.labels.store import LabelError, LabelStore, default_label_path
 
@@ -58,7 +58,7 @@ def test_spans_cut_documents_and_ids_are_document_absolute(store):
     np.testing.assert_array_equal(doc, ids)  # span "doc": the whole document is one span
 
 
-def test_sem_labels_score_every_candidate(store, scorer, bpe, tmp_path):
+def test_sem_labels_score_every_candidate(store, scorer, bpe, tmp_path, monkeypatch):
     out = label_split(store, tmp_path / "sem", SPEC_SEM, scorer=scorer, decode=store_decoder(store.path.parent /
                       "tokenizer.json"), progress=False)
     labels = LabelStore.open(out)
@@ -71,6 +71,13 @@ def test_sem_labels_score_every_candidate(store, scorer, bpe, tmp_path):
     assert ((cand >= 0) == np.isfinite(target)).all()
     assert m["n_scored"] == int(np.isfinite(target).sum()) > 0
     assert m["positive_share"] == pytest.approx((target[np.isfinite(target)] > 0).mean())
+    # Scoring in small groups of query chunks (other batches, other padding) gives the same scores up to rounding.
+    doc = np.asarray(store.document(1))
+    monkeypatch.setattr("rpt.labels.pipeline.SCORE_ROWS", 5)
+    seen = []
+    small = label_document(doc, SPEC_SEM, scorer, bpe.decode_batch, on_progress=seen.append)[2]
+    np.testing.assert_allclose(small, labels.rows(1).target, atol=1e-5)
+    assert seen[-1] == len(doc) // M and len(seen) > 2 and seen == sorted(seen)
     rows = labels.rows(3)
     assert rows.candidates.shape == (store.doc_lengths()[3] // M, 4)
     with pytest.raises(LabelError, match="not document 9"):
@@ -122,6 +129,23 @@ def test_merged_shards_equal_an_unsharded_run(store, tmp_path, monkeypatch):
     assert_same(arrays(out), arrays(whole))
     assert LabelStore.open(out).manifest["doc_range"] == [0, len(store)]
     assert not list(tmp_path.glob("sharded.shard-*"))
+
+
+def test_shards_wait_for_a_running_merge_and_merge_on_request(store, tmp_path, capsys):
+    whole = label_split(store, tmp_path / "whole", SPEC_LEX, progress=False)
+    out = tmp_path / "sharded"
+    lock = tmp_path / ".sharded.merge.lock"
+    lock.touch()  # another process is merging: finishing shards leave it alone
+    for i in range(2):
+        assert label_split(store, out, SPEC_LEX, shard=(i, 2), progress=False) == shard_path(out, i, 2)
+    assert not out.exists()
+    lock.unlink()
+    rc = main(["label", "--store", str(store.path.parent), "--kind", "lex", "--span", str(SPAN), "--segment-len", str(S),
+               "--k", "4", "--out", str(out), "--merge", "2"])
+    assert rc == 0 and "chunks" in capsys.readouterr().out
+    assert_same(arrays(out), arrays(whole))
+    with pytest.raises(LabelError, match="shards not finished"):
+        merge_shards(tmp_path / "nothing", 2)
 
 
 def test_labels_for_another_tokenizer_chunk_size_segment_or_span_are_refused(store, bpe, tmp_path):

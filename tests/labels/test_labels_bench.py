@@ -1,0 +1,31 @@
+"""The label benchmark runs (a smoke test on small inputs; the timed run is `python benchmarks/bench_labels.py`)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("bm25s")
+pytest.importorskip("rank_bm25")
+
+
+def load_bench():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_labels.py"
+    spec = importlib.util.spec_from_file_location("bench_labels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_runs_and_reports_ratios():
+    bench = load_bench()
+    tokens, tok = bench.stdlib_tokens(20_000, vocab_size=1024)
+    assert len(tokens) == 20_000
+    res = {"machine": bench.machine_info("cpu"), "bm25": [bench.bench_bm25(tokens, rank_bm25_queries=3, bm25s_queries=20)]}
+    r = res["bm25"][0]
+    assert r["bm25s_agreement"] == 1.0 and r["rank_bm25_agreement"] == 1.0
+    assert r["ratio_ours_over_bm25s"] > 0 and r["rank_bm25_queries_timed"] == 3
+    res["scorer"] = bench.bench_scorer(bench.tiny_scorer(tok, "cpu", width=32, layers=1), tokens, tok, n_queries=1)
+    assert res["scorer"]["tokens"] > 0 and res["scorer"]["ratio_ours_over_plain"] > 0
+    report = bench.format_report(res)
+    assert "ours/bm25s" in report and "ours/rank_bm25" in report and "ours/plain" in report and "CPUs" in report
