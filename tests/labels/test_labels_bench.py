@@ -9,16 +9,19 @@ pytest.importorskip("bm25s")
 pytest.importorskip("rank_bm25")
 
 
-def load_bench():
+def test_the_command_script_wraps_the_package_benchmark():
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_labels.py"
-    spec = importlib.util.spec_from_file_location("bench_labels", path)
+    spec = importlib.util.spec_from_file_location("bench_labels_script", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
+    from rpt.labels import bench
+
+    assert mod.run_benchmark is bench.run_benchmark and mod.main is bench.main
 
 
 def test_benchmark_runs_and_reports_ratios():
-    bench = load_bench()
+    from rpt.labels import bench
+
     tokens, tok = bench.stdlib_tokens(20_000, vocab_size=1024)
     assert len(tokens) == 20_000
     res = {"machine": bench.machine_info("cpu"), "bm25": [bench.bench_bm25(tokens, rank_bm25_queries=3, bm25s_queries=20)]}
