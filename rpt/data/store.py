@@ -55,7 +55,8 @@ class TokenStore:
             raise StoreError(f"{mpath}: format_version {manifest.get('format_version')} != {FORMAT_VERSION}")
         offsets = np.load(path / "offsets.npy")
         n = int(offsets[-1])
-        tokens = np.memmap(path / "tokens.bin", dtype=manifest["dtype"], mode="r", shape=(n,)) if n else np.zeros(0, manifest["dtype"])
+        dtype = manifest["dtype"]
+        tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
         with open(path / "documents.jsonl") as f:
             doc_ids = [json.loads(line)["id"] for line in f]
         if len(doc_ids) != len(offsets) - 1 or n != manifest["n_tokens"]:

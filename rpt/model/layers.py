@@ -113,17 +113,18 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_len: int) -> torch.Tensor:
         """x [B, T, D] with T a multiple of S; cos/sin [T, E] for absolute positions."""
         B, T, D = x.shape
-        nS, S = T // segment_len, segment_len
-        q, k, v = self._qkv(x, cos, sin)
-        q = q.view(B, self.n_heads, nS, S, self.head_dim)
-        k = k.view(B, self.n_heads, nS, S, self.head_dim)
-        v = v.view(B, self.n_heads, nS, S, self.head_dim)
-        # keys of each window = previous segment ++ own segment: [B, H, nS, 2S, E]
-        k = torch.cat([F.pad(k, (0, 0, 0, 0, 1, 0))[:, :, :-1], k], dim=3)
-        v = torch.cat([F.pad(v, (0, 0, 0, 0, 1, 0))[:, :, :-1], v], dim=3)
-        mask = segment_window_mask(nS, S, x.device)  # [nS, S, 2S]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0)
-        y = y.reshape(B, self.n_heads, T, self.head_dim).transpose(1, 2).reshape(B, T, D)
+        nS, S, H, E = T // segment_len, segment_len, self.n_heads, self.head_dim
+        q, k, v = self._qkv(x, cos, sin)  # [B, H, T, E]
+        # one attention problem per (batch, segment): [B*nS, H, S, E]; 4-D inputs take the fused CPU/GPU kernels
+        q, k, v = (t.view(B, H, nS, S, E).transpose(1, 2) for t in (q, k, v))  # [B, nS, H, S, E]
+        # keys of each window = previous segment ++ own segment: [B, nS, H, 2S, E]
+        k = torch.cat([F.pad(k, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1], k], dim=3)
+        v = torch.cat([F.pad(v, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1], v], dim=3)
+        mask = segment_window_mask(nS, S, x.device)[:, None].repeat(B, 1, 1, 1)  # [B*nS, 1, S, 2S]
+        y = F.scaled_dot_product_attention(q.reshape(B * nS, H, S, E), k.reshape(B * nS, H, 2 * S, E),
+                                           v.reshape(B * nS, H, 2 * S, E), attn_mask=mask,
+                                           dropout_p=self.dropout.p if self.training else 0.0)
+        y = y.view(B, nS, H, S, E).permute(0, 1, 3, 2, 4).reshape(B, T, D)  # [B, nS, S, H, E] -> [B, T, D]
         return self.dropout(self.out(y))
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, segment_len: int) -> torch.Tensor:
