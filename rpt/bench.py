@@ -1,0 +1,208 @@
+"""`rpt bench`: side-by-side measurements in one process, on one machine, at one config.
+
+1. Training step time of each variant relative to xl (the paper's Time/update column; it reports 1.51x for RPT),
+   tokens/s, peak memory, and MFU on a GPU — through the real training loop (`rpt.train.loop.train`) on a real
+   token store with real labels.
+2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
+   document memory that grows by a fixed amount per chunk, a bounded K/V cache).
+3. Labelling throughput: BM25 candidates (ours vs bm25s vs rank_bm25) and the scorer (benchmarks/bench_labels.py).
+
+Numbers from a shared machine are meaningless: run it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rpt.config import VARIANTS, RPTConfig
+from rpt.utils import UserError, write_json_atomic
+
+# dense bf16 peak FLOP/s used for MFU (vendor datasheets)
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def machine() -> dict[str, Any]:
+    info = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu"}
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _flops_per_token(model: torch.nn.Module, seq_len: int, cfg: RPTConfig) -> float:
+    """6 N per token for the weights plus the attention score/value products (window 2S, causal half on average)."""
+    n = sum(p.numel() for p in model.parameters())
+    attn = 6 * cfg.model.n_layers * cfg.model.d_model * (1.5 * cfg.model.segment_len)
+    return 6 * n + attn
+
+
+def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str = "tiny", seq_len: int = 1024,
+                   segment_len: int | None = None, batch_size: int = 2, steps: int = 12, warmup: int = 3,
+                   device: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Time `steps` updates of each variant through the training loop; the first `warmup` are not counted."""
+    from rpt.data.tokenizer import Tokenizer
+    from rpt.train.loop import train
+
+    vocab = Tokenizer.from_file(store / "tokenizer.json").vocab_size
+    rows: dict[str, Any] = {}
+    for variant in VARIANTS:
+        if variant != "xl" and labels.get(variant) is None:
+            continue
+        cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab)
+        cfg.data.seq_len = seq_len
+        if segment_len:
+            cfg.model.segment_len = segment_len
+        for key, value in (overrides or {}).items():
+            section, field = key.split(".")
+            setattr(getattr(cfg, section), field, value)
+        cfg.train.steps, cfg.train.batch_size, cfg.train.grad_accum = steps, batch_size, 1
+        cfg.train.checkpoint_every, cfg.train.log_every, cfg.train.keep_last = steps, steps, 1
+        tmp = Path(tempfile.mkdtemp(prefix=f"rpt-bench-{variant}-"))
+        cfg.train.out_dir = str(tmp)
+        stamps: list[float] = []
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+        def on_step(step: int, metrics: dict[str, float], stamps: list[float] = stamps) -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+
+        try:
+            # stop before the final checkpoint write would be timed: the last stamp comes before it
+            train(cfg, store, labels.get(variant), resume=False, device=device, progress=False, on_step=on_step)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        dts = np.diff(stamps[warmup - 1 :]) if len(stamps) > warmup else np.diff(stamps)
+        sec = float(np.median(dts))
+        tokens = batch_size * seq_len
+        from rpt.model.rpt import RPT
+
+        with torch.device("meta"):
+            n_params = RPT(cfg.model).num_parameters()
+        row = {"seconds_per_update": sec, "tokens_per_s": tokens / sec, "parameters": n_params,
+               "peak_rss_mb": _peak_rss_mb()}
+        if torch.cuda.is_available():
+            row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            name = torch.cuda.get_device_name(0)
+            peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+            if peak:
+                with torch.device("meta"):
+                    fpt = _flops_per_token(RPT(cfg.model), seq_len, cfg)
+                row["mfu"] = tokens / sec * fpt / peak
+        rows[variant] = row
+    base = rows["xl"]["seconds_per_update"]
+    for r in rows.values():
+        r["time_vs_xl"] = r["seconds_per_update"] / base
+    return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "steps_timed": steps - warmup, "variants": rows}
+
+
+def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = "tiny", variant: str = "rpt-sem",
+                       vocab_size: int = 2048, segment_len: int | None = None, memory: str = "auto",
+                       device: str = "cpu") -> dict[str, Any]:
+    """Evaluate prefixes of one long token stream with a fresh model-sized cache; time and memory per length."""
+    from rpt.eval.memory import make_memory
+    from rpt.eval.perplexity import evaluate_document
+    from rpt.model.rpt import RPT
+
+    cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab_size)
+    if segment_len:
+        cfg.model.segment_len = segment_len
+    model = RPT(cfg.model).to(device).eval()
+    mem = make_memory(memory, device)
+    evaluate_document(model, tokens[: 2 * cfg.model.segment_len], memory=mem)  # warm-up
+    rows = []
+    for n in lengths:
+        if n > len(tokens):
+            break
+        t = time.perf_counter()
+        r = evaluate_document(model, tokens[:n], memory=mem)
+        sec = time.perf_counter() - t
+        rows.append({"tokens": n, "seconds": sec, "us_per_token": 1e6 * sec / n, "memory_bytes": r.memory_bytes,
+                     "kv_cache_bytes": r.kv_cache_bytes, "memory_bytes_per_token": r.memory_bytes / n})
+    growth = rows[-1]["us_per_token"] / rows[0]["us_per_token"] if len(rows) > 1 else 1.0
+    return {"variant": variant, "preset": preset, "memory": mem.__name__, "rows": rows,
+            "time_per_token_growth": growth, "length_growth": rows[-1]["tokens"] / rows[0]["tokens"]}
+
+
+def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "tiny", seq_len: int = 1024,
+              segment_len: int | None = 128, batch_size: int = 2, steps: int = 12, eval_lengths: list[int] | None = None,
+              label_sizes: tuple[int, ...] = (100_000, 1_000_000), skip_labels: bool = False, device: str | None = None,
+              out: Path | None = None) -> dict[str, Any]:
+    from rpt.data.store import TokenStore
+    from rpt.data.tokenizer import Tokenizer
+
+    if not (store / "tokenizer.json").exists():
+        raise UserError(f"{store} is not a `rpt prepare` store root; run `rpt demo` (it writes runs/demo/store) or "
+                        "`rpt prepare` and `rpt label` first")
+    lab = labels_root or store / "labels"
+    lex, sem = lab / f"train-lex-{seq_len}", lab / f"train-sem-{seq_len}"
+    labels = {"retro": lex, "rpt-lex": lex, "rpt-sem": sem}
+    missing = [str(p) for p in {lex, sem} if not (p / "manifest.json").exists()]
+    if missing:
+        raise UserError(f"labels missing: {', '.join(missing)} (run `rpt demo`, or `rpt label --kind lex|sem --span {seq_len}`)")
+    results: dict[str, Any] = {"machine": machine()}
+    print(f"machine: {results['machine']}", flush=True)
+    results["training"] = bench_training(store, labels, preset=preset, seq_len=seq_len, segment_len=segment_len,
+                                         batch_size=batch_size, steps=steps, device=device)
+    print(format_training(results["training"]), flush=True)
+
+    train_store = TokenStore.open(store / "train")
+    longest = int(np.argmax(train_store.doc_lengths()))
+    toks = np.asarray(train_store.document(longest), dtype=np.int64)
+    lengths = eval_lengths or [n for n in (2048, 4096, 8192, 16384, 32768) if n <= len(toks)]
+    vocab = Tokenizer.from_file(store / "tokenizer.json").vocab_size
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results["eval_scaling"] = bench_eval_scaling(toks, lengths, preset=preset, vocab_size=vocab, segment_len=segment_len,
+                                                 device=dev)
+    print(format_eval(results["eval_scaling"]), flush=True)
+
+    if not skip_labels:
+        from rpt.labels.bench import format_report, run_benchmark
+
+        results["labels"] = run_benchmark(sizes=label_sizes, device=dev)
+        print(format_report(results["labels"]), flush=True)
+    if out is not None:
+        write_json_atomic(out, results)
+    return results
+
+
+def format_training(r: dict[str, Any]) -> str:
+    lines = [f"training step, preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, median of "
+             f"{r['steps_timed']} updates",
+             f"{'variant':<10}{'params':>10}{'s/update':>10}{'vs xl':>8}{'tokens/s':>10}{'peak RSS MB':>13}"]
+    for v, x in r["variants"].items():
+        extra = f"{x['mfu'] * 100:6.1f}% MFU" if "mfu" in x else ""
+        lines.append(f"{v:<10}{x['parameters'] / 1e6:9.2f}M{x['seconds_per_update']:10.3f}{x['time_vs_xl']:7.2f}x"
+                     f"{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:13.0f} {extra}")
+    return "\n".join(lines)
+
+
+def format_eval(r: dict[str, Any]) -> str:
+    lines = [f"evaluation vs document length ({r['variant']}, {r['preset']}, {r['memory']} memory)",
+             f"{'tokens':>8}{'seconds':>9}{'us/token':>10}{'memory MB':>11}{'KV cache MB':>13}"]
+    for x in r["rows"]:
+        lines.append(f"{x['tokens']:8d}{x['seconds']:9.2f}{x['us_per_token']:10.1f}{x['memory_bytes'] / 2**20:11.2f}"
+                     f"{x['kv_cache_bytes'] / 2**20:13.2f}")
+    lines.append(f"time per token grew {r['time_per_token_growth']:.2f}x while the length grew {r['length_growth']:.0f}x "
+                 "(linear cost = about 1x)")
+    return "\n".join(lines)
+
+
+def dumps(results: dict[str, Any]) -> str:
+    return json.dumps(results, indent=2)

@@ -1,0 +1,201 @@
+"""`rpt demo`: the whole pipeline on real code (the Python standard library), with no download.
+
+prepare -> train a small scoring LM -> label (BM25 candidates; scorer target scores) -> train xl, retro, rpt-lex and
+rpt-sem on the same tokens -> evaluate (perplexity, oracle, retrieval metrics against BM25) -> one table, plots and an
+explorer page. Every step is an `rpt` verb; the demo prints each command, so it doubles as a worked example.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rpt.utils import UserError, require, write_json_atomic
+
+VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
+
+
+@dataclass
+class DemoSettings:
+    out: Path = Path("runs/demo")
+    corpus: str = "stdlib"
+    tokenizer: str = "bpe:2048"
+    max_documents: int = 12  # training documents (per split) kept by `rpt prepare`
+    eval_documents: int = 4  # test documents evaluated
+    seq_len: int = 1024
+    segment_len: int = 128
+    steps: int = 500  # updates per variant
+    batch_size: int = 2
+    scorer_steps: int = 500
+    scorer: str = "own"  # own (a small LM trained first) | smollm2 | a Hugging Face name/path
+    k: int = 20  # BM25 candidates per chunk
+    threads: int = 0  # 0: torch default
+    progress: bool = True
+
+
+def _run(argv: list[str], log: list[str]) -> None:
+    from rpt.cli import main
+
+    line = "rpt " + " ".join(shlex.quote(a) for a in argv)
+    print(f"\n$ {line}", flush=True)
+    log.append(line)
+    code = main(argv)
+    if code:
+        raise UserError(f"step failed (exit {code}): {line}")
+
+
+def run_demo(s: DemoSettings) -> dict[str, Any]:
+    out = s.out
+    store, runs, res = out / "store", out / "runs", out / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+    prog = [] if s.progress else ["--no-progress"]
+    thr = ["--threads", str(s.threads)] if s.threads else []
+    seg = ["--segment-len", str(s.segment_len)]
+    timings: dict[str, float] = {}
+
+    def timed(name: str, argv: list[str]) -> None:
+        t = time.perf_counter()
+        _run(argv, commands)
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
+    t_all = time.perf_counter()
+    timed("prepare", ["prepare", "--corpus", s.corpus, "--tokenizer", s.tokenizer, "--out", str(store),
+                      "--max-documents", str(s.max_documents), *prog])
+    common = ["--preset", "tiny", "--store", str(store), "--seq-len", str(s.seq_len), "--batch-size", str(s.batch_size),
+              "--set", f"model.segment_len={s.segment_len}", *thr, *prog]
+
+    # 1. the scoring LM: an independently trained LM (§3.2), here a small xl trained first
+    scorer = s.scorer
+    if scorer == "own":
+        scorer = str(runs / "scorer")
+        timed("scorer", ["train", *common, "--variant", "xl", "--steps", str(s.scorer_steps), "--out", scorer,
+                         "--seed", "1"])
+
+    # 2. labels: training spans for training, whole documents for evaluation (oracle, gold metrics)
+    lab = store / "labels"
+    train_lex, train_sem = lab / f"train-lex-{s.seq_len}", lab / f"train-sem-{s.seq_len}"
+    test_sem = lab / "test-sem-doc"
+    k = ["--k", str(s.k), "--batch-size", "64"]
+    timed("label", ["label", "--store", str(store), "--split", "train", "--kind", "lex", "--span", str(s.seq_len), *seg, *k,
+                    "--out", str(train_lex), *prog])
+    timed("label", ["label", "--store", str(store), "--split", "train", "--kind", "sem", "--span", str(s.seq_len), *seg, *k,
+                    "--scorer", scorer, "--out", str(train_sem), "--quality", str(res / "supervision_quality.png"), *prog])
+    timed("label", ["label", "--store", str(store), "--split", "test", "--kind", "sem", "--span", "doc", *seg, *k,
+                    "--scorer", scorer, "--max-documents", str(s.eval_documents), "--out", str(test_sem), *prog])
+
+    # 3. the four variants on the same tokens, same seed
+    labels = {"xl": None, "retro": train_lex, "rpt-lex": train_lex, "rpt-sem": train_sem}
+    for v in VARIANTS:
+        argv = ["train", *common, "--variant", v, "--steps", str(s.steps), "--out", str(runs / v)]
+        if labels[v] is not None:
+            argv += ["--labels", str(labels[v])]
+        timed(f"train {v}", argv)
+
+    # 4. evaluation over whole test documents, each chunk retrieving from the document so far
+    ev = ["eval", "--store", str(store), "--split", "test", "--max-documents", str(s.eval_documents), *thr, *prog]
+    timed("eval", [*ev, "--checkpoint", str(runs / "xl"), "--out", str(res / "xl.json"), "--per-chunk"])
+    for v in ("retro", "rpt-lex", "rpt-sem"):
+        timed("eval", [*ev, "--checkpoint", str(runs / v), "--out", str(res / f"{v}.json"), "--labels", str(test_sem),
+                       "--metrics", "--per-chunk", "--baseline", str(res / "xl.json")])
+    for v in ("rpt-lex", "rpt-sem"):
+        timed("eval", [*ev, "--checkpoint", str(runs / v), "--out", str(res / f"{v}-oracle.json"), "--labels", str(test_sem),
+                       "--source", "oracle"])
+    timed("eval", [*ev, "--checkpoint", str(runs / "rpt-sem"), "--out", str(res / "rpt-sem-k4.json"), "--neighbors", "4"])
+    timed("plots", [*ev, "--checkpoint", str(runs / "rpt-sem"), "--out", str(res / "rpt-sem-plots.json"),
+                    "--labels", str(test_sem), "--metrics", "--per-chunk", "--baseline", str(res / "xl.json"),
+                    "--plots", str(res), "--compare", str(res / "retro.json"), str(res / "rpt-lex.json")])
+    timed("explore", ["explore", "--checkpoint", str(runs / "rpt-sem"), "--store", str(store), "--split", "test", "--doc", "0",
+                      "--labels", str(test_sem), "--out", str(res / "explore.html")])
+
+    summary = summarize(runs, res)
+    summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    summary["total_s"] = round(time.perf_counter() - t_all, 1)
+    summary["commands"] = commands
+    plot_loss_curves(runs, res / "loss_curves.png")
+    write_json_atomic(res / "demo.json", summary)
+    print("\n" + format_table(summary))
+    print(f"\nplots and the explorer page are in {res}/ (loss_curves.png, supervision_quality.png, token_overlap.png, "
+          f"subgroups.png, explore.html); total {summary['total_s']:.0f} s")
+    return summary
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _log(run: Path) -> list[dict[str, Any]]:
+    p = run / "log.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def _seconds_per_update(rows: list[dict[str, Any]]) -> float | None:
+    """Median time per update over the logged windows (tokens / tokens_per_s = seconds of a window of updates)."""
+    import statistics
+
+    per: list[float] = []
+    prev = 0
+    for r in rows:
+        if r.get("tokens_per_s"):
+            per.append(r["tokens"] / r["tokens_per_s"] / max(1, r["step"] - prev))
+        prev = r["step"]
+    return statistics.median(per[1:] or per) if per else None  # the first window carries warm-up
+
+
+def summarize(runs: Path, res: Path) -> dict[str, Any]:
+    rows: dict[str, dict[str, Any]] = {}
+    xl_time = _seconds_per_update(_log(runs / "xl"))
+    for name, run, result in [(v, v, v) for v in VARIANTS] + [("rpt-lex oracle", "rpt-lex", "rpt-lex-oracle"),
+                                                               ("rpt-sem oracle", "rpt-sem", "rpt-sem-oracle"),
+                                                               ("rpt-sem K=4", "rpt-sem", "rpt-sem-k4")]:
+        r = _load(res / f"{result}.json")
+        if r is None:
+            continue
+        log = _log(runs / run)
+        t = _seconds_per_update(log)
+        row = {"perplexity": r["total"]["perplexity"], "eval_tokens": r["total"]["n_targets"],
+               "final_train_loss": log[-1]["lm_loss"] if log else None,
+               "time_per_update_vs_xl": (t / xl_time) if (t and xl_time and name in VARIANTS) else None}
+        for who in ("model", "bm25"):
+            m = (r.get("retrieval") or {}).get(who)
+            if m:
+                row[who] = {k: m[k] for k in ("precision@2", "recall@10", "ndcg@20")}
+        rows[name] = row
+    return {"rows": rows}
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    def pct(x: Any) -> str:
+        return f"{100 * x:5.1f}%" if isinstance(x, (int, float)) else "    - "
+
+    lines = [f"{'model':<16}{'ppl':>9}{'time/upd':>10}   {'P@2':>6} {'R@10':>6} {'nDCG@20':>7}   "
+             f"{'BM25 P@2':>8} {'R@10':>6} {'nDCG@20':>7}"]
+    for name, r in summary["rows"].items():
+        t = r.get("time_per_update_vs_xl")
+        m, b = r.get("model", {}), r.get("bm25", {})
+        lines.append(f"{name:<16}{r['perplexity']:9.3f}{(f'{t:.2f}x' if t else '-'):>10}   "
+                     f"{pct(m.get('precision@2'))} {pct(m.get('recall@10'))} {pct(m.get('ndcg@20')):>7}   "
+                     f"{pct(b.get('precision@2')):>8} {pct(b.get('recall@10'))} {pct(b.get('ndcg@20')):>7}")
+    return "\n".join(lines)
+
+
+def plot_loss_curves(runs: Path, path: Path) -> Path | None:
+    plt = require("matplotlib.pyplot", "plots")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for v in VARIANTS:
+        log = _log(runs / v)
+        if log:
+            ax.plot([r["step"] for r in log], [r["lm_loss"] for r in log], label=v)
+    ax.set_xlabel("update")
+    ax.set_ylabel("training LM loss (nats/token)")
+    ax.set_title("RPT demo: the four variants on the same tokens")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,39 @@
+"""The whole pipeline end to end through the CLI at a minimal scale: `rpt demo`, then `rpt bench` on its store."""
+
+import json
+
+from rpt.cli import main
+
+
+def test_demo_and_bench_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    code = main(["demo", "--out", str(out), "--max-documents", "3", "--eval-documents", "1", "--steps", "6",
+                 "--scorer-steps", "4", "--k", "4", "--no-progress"])
+    assert code == 0
+    res = out / "results"
+    summary = json.loads((res / "demo.json").read_text())
+    rows = summary["rows"]
+    assert set(rows) >= {"xl", "retro", "rpt-lex", "rpt-sem", "rpt-sem oracle", "rpt-sem K=4"}
+    for name, row in rows.items():
+        assert row["perplexity"] > 1.0, name
+    assert rows["xl"]["time_per_update_vs_xl"] == 1.0
+    assert "precision@2" in rows["rpt-sem"]["model"] and "precision@2" in rows["rpt-sem"]["bm25"]
+    for f in ("loss_curves.png", "supervision_quality.png", "token_overlap.png", "subgroups.png", "explore.html"):
+        assert (res / f).stat().st_size > 1000, f
+    text = capsys.readouterr().out
+    assert "$ rpt prepare" in text and "$ rpt train" in text and "rpt-sem oracle" in text
+
+    bench = tmp_path / "bench.json"
+    code = main(["bench", "--store", str(out / "store"), "--steps", "5", "--eval-lengths", "512,1024",
+                 "--skip-labels", "--out", str(bench)])
+    assert code == 0
+    b = json.loads(bench.read_text())
+    assert set(b["training"]["variants"]) == {"xl", "retro", "rpt-lex", "rpt-sem"}
+    assert b["training"]["variants"]["xl"]["time_vs_xl"] == 1.0
+    sizes = [r["memory_bytes"] for r in b["eval_scaling"]["rows"]]
+    assert 1.8 < sizes[1] / sizes[0] < 2.2  # the document memory grows linearly with the document
+
+
+def test_bench_without_labels_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "--store", str(tmp_path)]) == 2
+    assert "rpt demo" in capsys.readouterr().err
