@@ -282,7 +282,8 @@ def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | t
 
 def is_rpt_checkpoint(path: str | Path) -> bool:
     p = Path(path)
-    return (p / "model.safetensors").is_file() or (p / "checkpoints").is_dir()
+    # ours hold state.json beside model.safetensors (a Hugging Face folder has config.json instead)
+    return ((p / "model.safetensors").is_file() and (p / "state.json").is_file()) or (p / "checkpoints").is_dir()
 
 
 def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto", batch_size: int = 32,

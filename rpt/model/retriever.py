@@ -40,13 +40,15 @@ class ChunkEncoder(nn.Module):
 class Retriever(nn.Module):
     """Query-based score s_q(c) = <W_Q c_q, W_K c> / sqrt(D) over mean-pooled chunk encodings (§3.1).
 
-    Each projection is RMSNorm + Linear (with bias), as in the authors' code.
+    Each projection is RMSNorm + Linear, as in the authors' code, with one change: the key projection has no bias.
+    A key bias adds the same q.b to every key of a query, so it can change no ranking and no loss term; its gradient
+    is exactly zero, and Adam turns the float noise in that zero into learning-rate-sized random steps.
     """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.q_norm, self.k_norm = RMSNorm(dim, eps), RMSNorm(dim, eps)
-        self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.q_proj, self.k_proj = nn.Linear(dim, dim), nn.Linear(dim, dim, bias=False)
         self.scale = 1.0 / math.sqrt(dim)
 
     def queries(self, pooled: torch.Tensor) -> torch.Tensor:

@@ -66,10 +66,10 @@ def test_gradient_accumulation_equals_one_big_batch(corpus):
     for name in ("acc", "mixed"):
         for r0, r1 in zip(read_log(tmp / "big"), read_log(tmp / name), strict=True):
             for key in ("lm_loss", "ret_loss", "grad_norm"):
-                assert r0[key] == pytest.approx(r1[key], rel=1e-6), (name, key)
-        # Adam turns float noise in gradients that are ~0 in exact arithmetic (the key bias) into lr-sized steps
+                assert r0[key] == pytest.approx(r1[key], rel=1e-5), (name, key)  # fp32 sums in another order
         w = weights(runs[name].checkpoint)
-        assert all(torch.allclose(ref[k], w[k], atol=1e-4) for k in ref), name
+        bad = {k: (ref[k] - w[k]).abs().max().item() for k in ref if not torch.allclose(ref[k], w[k], atol=1e-4)}
+        assert not bad, (name, bad)
 
 
 def _free_port() -> int:
