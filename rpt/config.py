@@ -244,13 +244,11 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 
 
 def _tiny() -> dict:
-    # alpha_ret 1.0: at this scale and step count 0.1 left the retriever untrained (demo store: test perplexity 191 vs
-    # 172 with 1.0, xl 168); see docs/results.md.
     return {
         "model": {"vocab_size": 512, "d_model": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden": 172, "segment_len": 128,
                   "cca_layers": [2, 3], "dropout": 0.0},
         "data": {"tokenizer": "bpe:2048", "seq_len": 1024},
-        "train": {"steps": 200, "batch_size": 2, "lr": 3e-3, "warmup_steps": 20, "optimizer": "adamw", "alpha_ret": 1.0,
+        "train": {"steps": 200, "batch_size": 2, "lr": 3e-3, "warmup_steps": 20, "optimizer": "adamw",
                   "alpha_ramp_steps": 50, "checkpoint_every": 50, "log_every": 5},
     }
 
