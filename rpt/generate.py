@@ -453,13 +453,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: 
     (the newest checkpoint), through the shared `load_model` of rpt.train.checkpoint. The tokenizer is `tokenizer` if given, else
     found by `find_tokenizer` (None when nowhere to be found). The one place generation and the explorer load models."""
     from rpt.data.tokenizer import Tokenizer
-
-    try:  # the shared loader lives in rpt.train.checkpoint (earlier: rpt.eval.perplexity, which re-exports it)
-        from rpt.train.checkpoint import load_model as load_checkpoint
-        from rpt.train.checkpoint import resolve_checkpoint
-    except ImportError:
-        from rpt.eval.perplexity import load_model as load_checkpoint
-        from rpt.eval.perplexity import resolve_checkpoint
+    from rpt.train.checkpoint import load_model as load_checkpoint
+    from rpt.train.checkpoint import resolve_checkpoint
 
     if not Path(path).exists():
         raise UserError(f"--checkpoint {path}: no such file or folder")
