@@ -12,7 +12,6 @@ Numbers from a shared machine are meaningless: run it alone.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
@@ -44,7 +43,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _flops_per_token(model: torch.nn.Module, seq_len: int, cfg: RPTConfig) -> float:
+def _flops_per_token(model: torch.nn.Module, cfg: RPTConfig) -> float:
     """6 N per token for the weights plus the attention score/value products (window 2S, causal half on average)."""
     n = sum(p.numel() for p in model.parameters())
     attn = 6 * cfg.model.n_layers * cfg.model.d_model * (1.5 * cfg.model.segment_len)
@@ -103,7 +102,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
             peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
             if peak:
                 with torch.device("meta"):
-                    fpt = _flops_per_token(RPT(cfg.model), seq_len, cfg)
+                    fpt = _flops_per_token(RPT(cfg.model), cfg)
                 row["mfu"] = tokens / sec * fpt / peak
         rows[variant] = row
     base = rows["xl"]["seconds_per_update"]
@@ -203,6 +202,3 @@ def format_eval(r: dict[str, Any]) -> str:
                  "(linear cost = about 1x)")
     return "\n".join(lines)
 
-
-def dumps(results: dict[str, Any]) -> str:
-    return json.dumps(results, indent=2)

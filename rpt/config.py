@@ -162,15 +162,18 @@ class RPTConfig:
 
     @classmethod
     def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
-        p = Path(path_or_text) if not isinstance(path_or_text, str) or "\n" not in path_or_text else None
-        text = p.read_text() if p is not None and p.exists() else str(path_or_text)
+        """A YAML file, or YAML text (anything with a newline)."""
+        is_text = isinstance(path_or_text, str) and "\n" in path_or_text
+        if not is_text and not Path(path_or_text).is_file():
+            raise ConfigError(f"config file {path_or_text} not found")
+        text = str(path_or_text) if is_text else Path(path_or_text).read_text()
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config {path_or_text} is not a mapping")
         base = data.pop("preset", None)
+        if base is not None and base not in PRESETS:
+            raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
         cfg_dict = PRESETS[base]() if base else {}
-        if base and base not in PRESETS:
-            raise ConfigError(f"unknown preset {base!r}")
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpt.utils import UserError, require, write_json_atomic
+from rpt.utils import UserError, require, save_figure, write_json_atomic
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
 
@@ -195,7 +195,4 @@ def plot_loss_curves(runs: Path, path: Path) -> Path | None:
     ax.set_title("RPT demo: the four variants on the same tokens")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

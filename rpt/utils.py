@@ -40,6 +40,18 @@ def require(module: str, purpose: str = "") -> ModuleType:
         raise MissingDependency(f"{module} is needed{why} but is not installed. Install it with:\n    {hint}") from e
 
 
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -37,3 +37,10 @@ def test_preset_key_in_yaml_and_bad_values():
         RPTConfig.from_yaml("preset: tiny\nmodel:\n  cca_layers: [0]\n")
     with pytest.raises(ConfigError, match="unknown preset"):
         RPTConfig.from_preset("huge")
+
+
+def test_yaml_unknown_preset_and_missing_file_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        RPTConfig.from_yaml("preset: huge\nmodel:\n  d_model: 8\n")
+    with pytest.raises(ConfigError, match="nope.yaml not found"):
+        RPTConfig.from_yaml(tmp_path / "nope.yaml")

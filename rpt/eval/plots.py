@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rpt.utils import require
+from rpt.utils import require, save_figure
 
 
 def _pyplot():
@@ -41,12 +41,7 @@ def _bars(groups: Mapping[str, Mapping[str, float | None]], series: list[tuple[s
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_token_overlap(overlaps: Mapping[str, Mapping[str, float | None]], path: str | Path,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rpt.labels.store import LabelStore
-from rpt.utils import require
+from rpt.utils import require, save_figure
 
 
 def max_target_curve(target: np.ndarray, max_k: int | None = None) -> np.ndarray:
@@ -56,9 +56,4 @@ def plot_supervision_quality(curves: Mapping[str, np.ndarray], path: str | Path,
     ax.set_ylabel("max target score among top-K")
     ax.set_title(title)
     ax.legend(fontsize="small", loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
