@@ -37,9 +37,15 @@ class ModelConfig:
     segment_len: int = 1024  # S, sliding-window stride; each segment also sees the previous one (window 2S)
     cca_layers: list[int] = field(default_factory=lambda: [7, 8, 9, 10, 11])  # upper-decoder layers with CCA
     n_neighbors: int = 2  # K, neighbours per chunk fed to CCA (can be raised at inference)
-    # neighbour gating: max(eta, sigmoid) | 0.1 + 0.9 sigmoid | additive logit bias | off
-    gate: Literal["paper", "official", "bias", "none"] = "paper"
+    # neighbour gating: max(eta, sigmoid) with a gradient below eta | max(eta, sigmoid), dead below eta (as printed) |
+    # 0.1 + 0.9 sigmoid (authors' code) | additive logit bias (their 1B model) | off
+    gate: Literal["paper", "clamp", "official", "bias", "none"] = "paper"
     gate_eta: float = 0.1  # eta, the gate's lower bound (§3.1 footnote)
+    gate_on: Literal["values", "states"] = "values"  # what a multiplicative gate scales: CCA's values | the states (C^g)
+    cca_context_norm: bool = True  # RMSNorm on neighbour states before CCA's key/value projection
+    cca_rel_bias: bool = True  # a learned CCA logit bias per head and relative offset (neighbour index - query offset)
+    cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
+    cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05
     rope_base: float = 10000.0

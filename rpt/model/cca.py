@@ -2,8 +2,19 @@
 
 Token p attends to the neighbours of chunk g = (p + 1) // M - 1: tokens 64g+63 ... 64g+126 (the last token of chunk g
 and the first 63 of chunk g+1) see chunk g's K neighbours (K * 2M keys) plus a learned null key/value; tokens
-0 ... M-2 see only the null. No rotary positions here: neighbour states already carry positions from the lower
-decoder, and position-free CCA is the same function at training and at generation by construction.
+0 ... M-2 see only the null.
+
+Positions (rotary, as RETRO's relative positions and the authors' code): a neighbour's 2M tokens (c_j, c_j+1) take
+positions 0 ... 2M-1, and the query token at offset u of its block (token p = gM + M - 1 + u) takes position M - 1 + u,
+i.e. where its own copy would stand if the neighbour's first chunk c_j matched the query chunk c_g. "Read the key one
+position ahead" is then "read the token after my copy": a fixed relative offset that one head can learn, where
+content-only attention would have to discover an induction circuit first (we measured position-free CCA learning no
+copying at all; docs/results.md). Positions depend only on the offset inside the block, so training and generation
+agree by construction (the authors' code is off by 63 at generation).
+
+Neighbour gates scale the VALUES of a neighbour's keys (`NeighbourKV.scale`), not its states: scaling the states
+(C^g = g * C, §3.1) also scales the attention logits, so a gate of 0.1 flattens CCA's attention to near uniform and the
+neighbour can no longer be read even where it is the right one.
 
 Dimension letters: B batch, R blocks of M query tokens, K neighbours, M chunk length, D width.
 """
@@ -16,45 +27,110 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.model.layers import Attention
+from rpt.model.layers import Attention, RMSNorm, apply_rotary, rotary_cos_sin
 
 
 @dataclass
 class NeighbourKV:
-    """Gated neighbour states for consecutive blocks. Block r (tokens (r*M - 1) ... (r*M + M - 2)) uses row r - first.
+    """Neighbour states for consecutive blocks. Block r (tokens (r*M - 1) ... (r*M + M - 2)) uses row r - first.
 
-    states [B, R, K*2M, D]; mask [B, R, K*2M] (True = real neighbour token); bias [B, R, K*2M] additive logits or None.
+    states [B, R, K*2M, D]; mask [B, R, K*2M] (True = real neighbour token); bias [B, R, K*2M] additive logits or
+    None (gate "bias"); scale [B, R, K*2M] value scale or None (the multiplicative gates).
     """
 
     states: torch.Tensor
     mask: torch.Tensor
-    bias: torch.Tensor | None
-    first_block: int
+    bias: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    first_block: int = 0
+
+    def rows(self, sl: slice) -> NeighbourKV:
+        """The rows `sl` (first_block is the caller's to set)."""
+        return NeighbourKV(*(None if t is None else t[:, sl] for t in (self.states, self.mask, self.bias, self.scale)))
+
+    def shifted(self) -> NeighbourKV:
+        """An empty row prepended (block 0's tokens see only the null key): row r now serves block r."""
+        def pad(t: torch.Tensor | None, value: float | bool) -> torch.Tensor | None:
+            return None if t is None else F.pad(t, (0, 0) * (t.dim() - 2) + (1, 0), value=value)
+
+        return NeighbourKV(pad(self.states, 0.0), pad(self.mask, False), pad(self.bias, 0.0), pad(self.scale, 0.0))
+
+    @staticmethod
+    def cat(rows: list[NeighbourKV], first_block: int) -> NeighbourKV:
+        def cat(name: str) -> torch.Tensor | None:
+            parts = [getattr(r, name) for r in rows]
+            return None if parts[-1] is None else torch.cat(parts, 1)
+
+        return NeighbourKV(cat("states"), cat("mask"), cat("bias"), cat("scale"), first_block)
 
 
 class ChunkedCrossAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, chunk_size: int, dropout: float) -> None:
+    """RETRO's chunked cross-attention with positions, normalised neighbour states and value-scaling gates.
+
+    Options (ModelConfig): `positions` rotary positions (module docstring); `rel_bias` a learned bias per head and
+    relative offset (neighbour index k - query offset u, one scalar each: a position preference that needs no
+    token-independent direction in the states, which rotary attention does); `shift_values` key k of a neighbour reads
+    the VALUE of its next token k + 1 ("find my token, read what followed it": copying in one attention step, where a
+    causal neighbour state at k knows nothing of token k + 1).
+    """
+
+    def __init__(self, dim: int, n_heads: int, chunk_size: int, dropout: float, rope_base: float = 10000.0,
+                 positions: bool = True, eps: float = 1e-6, ctx_norm: bool = True, rel_bias: bool = False,
+                 shift_values: bool = False) -> None:
         super().__init__()
-        self.M = chunk_size
-        self.attn = Attention(dim, n_heads, dropout)
+        self.M, self.H = chunk_size, n_heads
+        self.attn = Attention(dim, n_heads, dropout)  # its q / kv / out projections; the attention itself is below
         self.null_k = nn.Parameter(torch.randn(dim) * 0.02)
         self.null_v = nn.Parameter(torch.randn(dim) * 0.02)
+        self.rope_base, self.positions, self.shift_values = rope_base, positions, shift_values
+        # Neighbour states are residual-stream states (magnitude ~ init_std at the start of training), not normalised:
+        # projected as they are, CCA's keys and values start ~100x smaller than self-attention's and its gradients
+        # vanish with them. Pre-norm them like every other attention input.
+        self.ctx_norm = RMSNorm(dim, eps) if ctx_norm else None
+        self.rel_bias = nn.Parameter(torch.zeros(n_heads, 3 * chunk_size - 1)) if rel_bias else None
 
     def forward(self, x: torch.Tensor, nkv: NeighbourKV, start: int) -> torch.Tensor:
         """x [B, n, D] holds tokens start ... start+n-1 -> [B, n, D]."""
         B, n, D = x.shape
-        M = self.M
+        M, H = self.M, self.H
+        E = D // H
         front = (start + 1) % M  # rows before `start` inside its block
         r0 = (start + 1) // M
         R = (front + n + M - 1) // M
-        xb = F.pad(x, (0, 0, front, R * M - front - n)).view(B * R, M, D)  # [B*R, M, D]
+        xb = F.pad(x, (0, 0, front, R * M - front - n)).view(B * R, M, D)  # [N=B*R, M, D]
         lo = r0 - nkv.first_block
-        kv = nkv.states[:, lo : lo + R]
-        assert kv.shape[1] == R, f"neighbour rows for blocks {r0}..{r0 + R - 1} missing"
-        kv = kv.reshape(B * R, -1, D)
-        mask = nkv.mask[:, lo : lo + R].reshape(B * R, 1, 1, -1)
+        ctx = nkv.states[:, lo : lo + R]
+        assert ctx.shape[1] == R, f"neighbour rows for blocks {r0}..{r0 + R - 1} missing"
+        ctx = ctx.reshape(B * R, -1, D)  # [N, L = K*2M, D]
+        if self.ctx_norm is not None:
+            ctx = self.ctx_norm(ctx)
+        N, L = ctx.shape[:2]
+        a = self.attn
+        q = a.q(xb).view(N, M, H, E).transpose(1, 2)  # [N, H, M, E]
+        k, v = a.kv(ctx).view(N, L, 2, H, E).permute(2, 0, 3, 1, 4)  # 2 x [N, H, L, E]
+        keep = nkv.mask[:, lo : lo + R].reshape(N, L)  # [N, L]
+        if self.shift_values:  # value of key k = value of token k + 1 of the same neighbour; the last key has none
+            v = F.pad(v.reshape(N, H, L // (2 * M), 2 * M, E)[:, :, :, 1:], (0, 0, 0, 1)).reshape(N, H, L, E)
+            keep = keep & (torch.arange(L, device=x.device) % (2 * M) != 2 * M - 1)
+        if self.positions:
+            cq, sq = rotary_cos_sin(torch.arange(M - 1, 2 * M - 1, device=x.device), E, self.rope_base)  # [M, E]
+            ck, sk = rotary_cos_sin(torch.arange(L, device=x.device) % (2 * M), E, self.rope_base)  # [L, E]
+            q, k = apply_rotary(q, cq, sq), apply_rotary(k, ck, sk)
+        if nkv.scale is not None:
+            v = v * nkv.scale[:, lo : lo + R].reshape(N, 1, L, 1).to(v.dtype)
+        logit_bias = torch.zeros(N, 1, 1, L, dtype=q.dtype, device=x.device)
         if nkv.bias is not None:
-            bias = nkv.bias[:, lo : lo + R].reshape(B * R, 1, 1, -1).to(x.dtype)
-            mask = torch.where(mask, bias, torch.full_like(bias, float("-inf")))
-        y = self.attn(xb, context=kv, mask=mask, kv_extra=(self.null_k, self.null_v))
+            logit_bias = logit_bias + nkv.bias[:, lo : lo + R].reshape(N, 1, 1, L).to(q.dtype)
+        if self.rel_bias is not None:  # offset k - u in [-(M-1), 2M-1] -> index k - u + M - 1
+            u = torch.arange(M, device=x.device)
+            kk = torch.arange(L, device=x.device) % (2 * M)
+            logit_bias = logit_bias + self.rel_bias[:, kk[None, :] - u[:, None] + M - 1].to(q.dtype)[None]  # [1, H, M, L]
+        mask = torch.where(keep[:, None, None, :], logit_bias, torch.full_like(logit_bias, float("-inf")))
+        # the learned null key/value: always visible, no position, no gate
+        k = torch.cat([self.null_k.view(1, H, 1, E).expand(N, -1, -1, -1).to(k.dtype), k], dim=2)
+        v = torch.cat([self.null_v.view(1, H, 1, E).expand(N, -1, -1, -1).to(v.dtype), v], dim=2)
+        mask = mask.expand(N, -1, M, -1)
+        mask = torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], dim=-1)  # [N, 1 or H, M, 1 + L]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=a.dropout.p if self.training else 0.0)
+        y = a.dropout(a.out(y.transpose(1, 2).reshape(N, M, D)))
         return y.view(B, R * M, D)[:, front : front + n]

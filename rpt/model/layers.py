@@ -6,6 +6,7 @@ Dimension letters: B batch, T tokens, S segment length, H heads, E head dim, D w
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -146,7 +147,7 @@ class SelfAttention(nn.Module):
 class Attention(nn.Module):
     """Plain multi-head attention (no cache): bidirectional or cross, optional rotary, optional key mask.
 
-    Used by the retriever's chunk encoder, query augmentation, neighbour gating and CCA.
+    Used by the retriever's chunk encoder, query augmentation and neighbour gating; CCA uses its projections.
     """
 
     def __init__(self, dim: int, n_heads: int, dropout: float = 0.0) -> None:
@@ -184,10 +185,30 @@ class Attention(nn.Module):
         return self.dropout(self.out(y.transpose(1, 2).reshape(N, Tq, D)))
 
 
-def init_weights(module: nn.Module, std: float, n_layers: int) -> None:
-    """GPT-2 style: normal(0, std), output projections scaled by 1/sqrt(2 * n_layers), zero biases."""
+def init_weights(module: nn.Module, std: float, n_layers: int, seed: int) -> None:
+    """GPT-2 style: normal(0, std), output projections scaled by 1/sqrt(2 * n_layers), biases 0; other vectors keep
+    their constructed constant values (norm weights 1, gate weights 0) except learned null keys/values, normal(0, std).
+
+    Paired initialisation: each random tensor is drawn from its own generator keyed by (seed, parameter name), so two
+    models built with one seed hold identical values in every parameter they share, whatever other modules either has
+    (xl and rpt-sem start from the same trunk). Drawing in order from one global stream would shift every draw after
+    the first module one variant has and the other lacks.
+    """
     for name, p in module.named_parameters():
-        if p.dim() < 2:
+        if p.is_meta:  # built on the meta device (parameter counts): nothing to draw
+            continue
+        if name.endswith(".bias"):  # nn.Linear draws its bias from the global generator: zero it
+            with torch.no_grad():
+                p.zero_()
+            continue
+        if p.dim() < 2 and not name.endswith(("null_k", "null_v")):
             continue
         scale = 1.0 / math.sqrt(2 * n_layers) if name.endswith(("out.weight", "w_down.weight")) else 1.0
-        nn.init.normal_(p, mean=0.0, std=std * scale)
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=keyed_generator(seed, name), device="cpu") * (std * scale))
+
+
+def keyed_generator(seed: int, name: str) -> torch.Generator:
+    """A CPU generator seeded by sha256(seed, name): independent streams per name, stable across runs and machines."""
+    digest = hashlib.sha256(f"{seed}|{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") & ((1 << 63) - 1))

@@ -64,7 +64,10 @@ class NeighborGate(nn.Module):
     """Neighbour gating (§3.1): mean-pool each neighbour, causal attention over neighbours ordered by (chunk, rank),
     then a gate per neighbour.
 
-    gate = "paper":    g = max(eta, sigmoid(w . c / D))        (default; eta = 0.1)
+    gate = "paper":    g = max(eta, sigmoid(w . c / D))        (default; eta = 0.1), with the gradient of the sigmoid
+                       passed through the clamp: a gate under eta still learns, so it can come back
+           "clamp":    the same forward, the clamp's own gradient (zero below eta: a gate that falls under eta never
+                       returns; kept to measure against)
            "official": g = 0.1 + 0.9 sigmoid(w . c / D)       (the authors' code)
            "bias":     no scaling; w . c / D is added to the CCA attention logits of that neighbour's keys
            "none":     no gating (ablation)
@@ -108,10 +111,17 @@ class NeighborGate(nn.Module):
         if cache is not None:
             keep = (k_chunk // self.cps) >= (int(chunk_idx.max()) // self.cps - 1)
             cache.pooled, cache.chunk, cache.rank, cache.valid = k_pooled[:, keep], k_chunk[keep], k_rank[keep], k_valid[:, keep]
-        if self.kind == "paper":
-            gate = torch.clamp(torch.sigmoid(logit), min=self.eta)
-        elif self.kind == "official":
-            gate = 0.1 + 0.9 * torch.sigmoid(logit)
-        else:
-            gate = torch.ones_like(logit)
+        gate = gate_value(logit, self.kind, self.eta)
         return gate.view(B, Q, K), logit.view(B, Q, K)
+
+
+def gate_value(logit: torch.Tensor, kind: str, eta: float) -> torch.Tensor:
+    """The gate of each neighbour from its logit w.c/D, for the kinds of `NeighborGate` ("bias"/"none": 1)."""
+    if kind == "paper":
+        sig = torch.sigmoid(logit)
+        return sig + (sig.clamp(min=eta) - sig).detach()  # forward max(eta, sig); backward the sigmoid's gradient
+    if kind == "clamp":
+        return torch.clamp(torch.sigmoid(logit), min=eta)
+    if kind == "official":
+        return 0.1 + 0.9 * torch.sigmoid(logit)
+    return torch.ones_like(logit)

@@ -73,7 +73,9 @@ class DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.cca_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if with_cca else None
-        self.cca = ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout) if with_cca else None
+        self.cca = (ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout, cfg.rope_base, cfg.cca_positions,
+                                          cfg.norm_eps, cfg.cca_context_norm, cfg.cca_rel_bias, cfg.cca_shift_values)
+                    if with_cca else None)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.dropout)
         self.segment_len = cfg.segment_len
@@ -91,10 +93,14 @@ class DecoderLayer(nn.Module):
 
 
 class RPT(nn.Module):
-    def __init__(self, cfg: ModelConfig | RPTConfig) -> None:
+    def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
+        """seed: the initialisation seed (`init_weights`: every variant built with one seed shares its trunk's starting
+        weights); None draws it from torch's global generator, so `torch.manual_seed(s)` before building does the same."""
         super().__init__()
         cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
         cfg.validate()
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu"))
         self.cfg = cfg
         D, M = cfg.d_model, cfg.chunk_size
         self.embed = nn.Embedding(cfg.vocab_size, D)
@@ -110,7 +116,7 @@ class RPT(nn.Module):
                           if retrieval and cfg.query_augmentation else None)
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
-        init_weights(self, cfg.init_std, cfg.n_layers)
+        init_weights(self, cfg.init_std, cfg.n_layers, seed)
 
     # ------------------------------------------------------------------------------------------------------------
     @property
@@ -138,17 +144,18 @@ class RPT(nn.Module):
         valid = ids >= 0  # [B, Q, K]
         if self.query_aug is not None:
             nb = self.query_aug(nb, query_states)
-        gates, bias = None, None
+        gates, bias, scale = None, None, None
+        B, Q, K, L, D = nb.shape
         if self.gate is not None:
             gates, logit = self.gate(nb, valid, chunk_idx, gate_cache)
             if self.cfg.gate == "bias":
-                bias = logit[..., None].expand(*logit.shape, nb.shape[3])
-            else:
+                bias = logit[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
+            elif self.cfg.gate_on == "states":  # the paper's C^g = g * C: the gate also scales CCA's logits
                 nb = nb * gates[..., None, None].to(nb.dtype)
-        B, Q, K, L, D = nb.shape
+            else:
+                scale = gates[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
         mask = valid[..., None].expand(B, Q, K, L)
-        nkv = NeighbourKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L),
-                          None if bias is None else bias.reshape(B, Q, K * L), first_block=0)
+        nkv = NeighbourKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L), bias, scale)
         return nkv, gates
 
     @staticmethod
@@ -202,8 +209,7 @@ class RPT(nn.Module):
             chosen = self._choose(own, supplied, use_supplied)  # [B, C, K]
             row, out.gates = self._neighbour_kv(chunk_states, lower_states, chosen, torch.arange(C, device=ids.device), None)
             # block r uses chunk r-1's neighbours: prepend an empty row for block 0 (tokens 0..M-2 see only the null)
-            nkv = NeighbourKV(F.pad(row.states, (0, 0, 0, 0, 1, 0)), F.pad(row.mask, (0, 0, 1, 0), value=False),
-                              None if row.bias is None else F.pad(row.bias, (0, 0, 1, 0)), first_block=0)
+            nkv = row.shifted()
             out.neighbor_ids = chosen[:, : T // M]
         for layer in self.upper:
             x = layer(x, rot, nkv, 0)
@@ -280,11 +286,9 @@ class RPT(nn.Module):
                 row, out.gates = self._neighbour_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate)
                 out.neighbor_ids, out.chunk_start = chosen, c0
                 rows.append(row)
-                cache.last_row = NeighbourKV(row.states[:, -1:], row.mask[:, -1:],
-                                             None if row.bias is None else row.bias[:, -1:], first_block=0)
+                cache.last_row = row.rows(slice(-1, None))
             # rows cover chunks c0-1 .. c0+nc-1, i.e. blocks c0 .. c0+nc
-            nkv = NeighbourKV(torch.cat([r.states for r in rows], 1), torch.cat([r.mask for r in rows], 1),
-                              None if rows[-1].bias is None else torch.cat([r.bias for r in rows], 1), first_block=c0)
+            nkv = NeighbourKV.cat(rows, first_block=c0)
         for layer, lc in zip(self.upper, cache.layers[cfg.n_lower :], strict=True):
             x = layer(x, rot, nkv, p0, cache=lc)
         out.logits = self._logits(x)
@@ -293,9 +297,11 @@ class RPT(nn.Module):
 
     def _empty_row(self, B: int, K: int, x: torch.Tensor) -> NeighbourKV:
         L = K * 2 * self.cfg.chunk_size
-        bias = x.new_zeros(B, 1, L) if self.cfg.gate == "bias" else None
+        gated = self.gate is not None
+        bias = x.new_zeros(B, 1, L) if gated and self.cfg.gate == "bias" else None
+        scale = x.new_zeros(B, 1, L) if gated and self.cfg.gate != "bias" and self.cfg.gate_on == "values" else None
         return NeighbourKV(x.new_zeros(B, 1, L, x.shape[-1]), torch.zeros(B, 1, L, dtype=torch.bool, device=x.device),
-                           bias, first_block=0)
+                           bias, scale)
 
 
 def _concat_outputs(outs: list[RPTOutput]) -> RPTOutput:

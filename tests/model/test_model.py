@@ -121,13 +121,19 @@ def test_retrieval_respects_the_retrievable_set(variant):
     assert torch.equal(out.neighbor_ids[:, 10], best)
 
 
+CCA_OPTIONS = [{}, {"cca_rel_bias": False, "cca_shift_values": False},
+               {"cca_positions": False, "gate_on": "states", "cca_context_norm": False}]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("gate", ["paper", "official", "bias"])
-def test_cached_step_equals_full_forward(variant, gate):
-    """Segment-by-segment (and token-by-token) inference with the cache computes the full forward's function."""
-    if variant == "xl" and gate != "paper":
-        pytest.skip("xl has no gate")
-    model = make(variant, gate)
+@pytest.mark.parametrize("gate", ["paper", "clamp", "official", "bias"])
+@pytest.mark.parametrize("opts", range(len(CCA_OPTIONS)))
+def test_cached_step_equals_full_forward(variant, gate, opts):
+    """Segment-by-segment (and token-by-token) inference with the cache computes the full forward's function, for
+    every gate and CCA option (positions, relative bias, shifted values, what the gate scales, context norm)."""
+    if variant == "xl" and (gate != "paper" or opts):
+        pytest.skip("xl has no gate and no CCA")
+    model = make(variant, gate, **CCA_OPTIONS[opts])
     Tn = T + 37  # a ragged end
     x = torch.randint(0, V, (2, Tn))
     C = -(-Tn // M)
@@ -175,6 +181,55 @@ def test_gate_lower_bound():
     assert torch.equal((flipped - 0.1).abs() < 1e-7, ~low) and (flipped[low] > 0.99).all()
     model.gate.kind = "official"  # the authors' 0.1 + 0.9 sigmoid variant never goes below its bound
     assert (model(x).gates[valid] >= 0.1).all()
+
+
+def test_paper_gate_passes_gradient_below_eta():
+    """The default gate is max(eta, sigmoid) forward with the sigmoid's gradient: a gate pushed under eta still
+    learns (it can come back); the 'clamp' gate, as printed, gets exactly zero gradient there (a dead zone)."""
+    from rpt.model.neighbors import gate_value
+
+    for kind, alive in (("paper", True), ("clamp", False)):
+        logit = torch.tensor([-6.0, 0.0, 6.0], requires_grad=True)
+        g = gate_value(logit, kind, 0.1)
+        torch.testing.assert_close(g.detach(), torch.stack([torch.tensor(0.1), torch.sigmoid(logit[1:]).detach()[0],
+                                                            torch.sigmoid(logit[2]).detach()]))
+        g.sum().backward()
+        assert (logit.grad[0] > 0) == alive and (logit.grad[1:] > 0).all()
+
+
+@pytest.mark.parametrize("opts", [{}, {"cca_rel_bias": False, "cca_shift_values": False}])
+def test_gate_scales_values_not_logits(opts):
+    """gate_on=values: a neighbour's gate multiplies its values only, so CCA's attention weights do not depend on it
+    (the paper's C^g = g * C would flatten them); checked by the output being linear in a shared gate."""
+    from rpt.model.cca import NeighbourKV
+
+    cca = make("retro", **opts).layers[2].cca
+    h = torch.randn(1, 256, 64)
+    states = torch.randn(1, 5, 2 * 2 * M, 64)
+    mask = torch.ones(1, 5, 2 * 2 * M, dtype=torch.bool)
+    ys = [cca(h, NeighbourKV(states, mask, scale=torch.full((1, 5, 2 * 2 * M), g)), 0) for g in (0.0, 0.5, 1.0)]
+    torch.testing.assert_close(ys[1] - ys[0], 0.5 * (ys[2] - ys[0]), atol=1e-5, rtol=1e-4)
+
+
+def test_paired_initialisation():
+    """One seed, every variant: identical values in every parameter two variants share (the whole trunk), whatever
+    modules one has and the other lacks; another seed gives other values."""
+    cfgs = {v: RPTConfig.from_preset("tiny", variant=v, vocab_size=V) for v in VARIANTS}
+    models = {v: RPT(c, seed=7) for v, c in cfgs.items()}
+    xl = dict(models["xl"].named_parameters())
+    for v in ("retro", "rpt-lex", "rpt-sem"):
+        other = dict(models[v].named_parameters())
+        assert set(xl) < set(other)
+        for name, p in xl.items():
+            assert torch.equal(p, other[name]), (v, name)
+    lex, sem = dict(models["rpt-lex"].named_parameters()), dict(models["rpt-sem"].named_parameters())
+    assert all(torch.equal(lex[n], sem[n]) for n in lex)  # the same architecture: all of it
+    assert not torch.equal(RPT(cfgs["xl"], seed=8).embed.weight, models["xl"].embed.weight)
+    torch.manual_seed(3)  # seed=None draws the seed from the global generator: the training loop's manual_seed pairs too
+    a = RPT(cfgs["xl"])
+    torch.manual_seed(3)
+    b = RPT(cfgs["rpt-sem"])
+    assert torch.equal(a.layers[0].attn.qkv.weight, b.layers[0].attn.qkv.weight)
 
 
 def test_every_parameter_gets_a_gradient():
