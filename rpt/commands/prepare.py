@@ -13,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="stdlib | stdlib:<pkg,pkg> | code:<folder> | <folder> | <file.jsonl> | hf:pg19 | "
                    "hf:codeparrot | hf:proof-pile | hf:<name>@<local folder>  (default: data.corpus, stdlib)")
     p.add_argument("--tokenizer", help="bpe:<vocab> (trained on the train split, cached) | <tokenizer.json> | "
-                   "<Hugging Face name>  (default: data.tokenizer, bpe:8192)")
+                   "<Hugging Face name> | corpus (the corpus' own: synthetic corpora)  (default: data.tokenizer, "
+                   "bpe:8192; corpus for synthetic:*)")
     p.add_argument("--out", help="output folder: <out>/<split>/ stores + tokenizer.json (default: data.store)")
     p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: data.chunk_size, 64)")
     p.add_argument("--config", help="a YAML config whose data section gives the defaults of the options above")
@@ -39,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--config {args.config}: no such file")
         data = RPTConfig.from_yaml(Path(args.config)).data
     splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
+    corpus = args.corpus or data.corpus
+    tokenizer = args.tokenizer or ("corpus" if corpus.startswith("synthetic:") else data.tokenizer)
     try:
-        summary = prepare(args.corpus or data.corpus, args.tokenizer or data.tokenizer, args.out or data.store,
+        summary = prepare(corpus, tokenizer, args.out or data.store,
                           chunk_size=args.chunk_size if args.chunk_size is not None else data.chunk_size,
                           splits=splits, max_documents=args.max_documents, min_chunks=args.min_chunks,
                           force=args.force, tokenizer_cache=args.tokenizer_cache,

@@ -9,6 +9,9 @@ A corpus spec is one string (``DataConfig.corpus``); `load_corpus(spec)` resolve
                            as the paper does for CodeParrot (§4.1, following Memorizing Transformers); a top-level
                            .py file is its own document
     <folder>               text files, one file = one document, recursive
+    synthetic:copy-near | synthetic:copy-far[?params]
+                           the copy corpus whose answer is known, with its own word-level tokenizer
+                           (`rpt.data.synthetic`; tokenizer spec "corpus")
     <file>.jsonl[.gz]      one JSON object per line: "text" (required), "id" and "split" (optional)
     hf:pg19 | hf:codeparrot | hf:proof-pile | hf:<owner>/<name>
                            Hugging Face datasets (needs `datasets` and the hub); ``hf:<name>@<folder>`` reads a local
@@ -490,6 +493,10 @@ def load_corpus(spec: str, cache_dir: str | Path | None = None) -> Corpus:
         if names is not None and not names:
             raise ValueError("stdlib:<packages> needs at least one package name, e.g. stdlib:json,email")
         return StdlibCorpus(only=names)
+    if spec.startswith("synthetic:"):
+        from rpt.data.synthetic import CopyCorpus, parse_spec
+
+        return CopyCorpus(parse_spec(spec))
     if spec.startswith("code:"):
         return CodeTreeCorpus(spec[len("code:"):], spec=spec)
     if spec.startswith("hf:"):
@@ -505,4 +512,4 @@ def load_corpus(spec: str, cache_dir: str | Path | None = None) -> Corpus:
             return JsonlCorpus(path, spec=spec)
         raise ValueError(f"corpus file {spec}: expected a .jsonl file (one JSON object with \"text\" per line)")
     raise FileNotFoundError(f"corpus {spec!r} not found: not a folder or file, and not one of stdlib, stdlib:<packages>, "
-                            f"code:<folder>, hf:pg19, hf:codeparrot, hf:proof-pile")
+                            f"code:<folder>, hf:pg19, hf:codeparrot, hf:proof-pile, synthetic:copy-near, synthetic:copy-far")

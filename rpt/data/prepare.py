@@ -128,6 +128,11 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
         raise ValueError(f"--out {out} exists and is not a folder")
 
     tt = time.perf_counter()
+    if tokenizer == "corpus":
+        if not hasattr(corpus, "tokenizer"):
+            raise ValueError(f"corpus {corpus.spec!r} has no tokenizer of its own: pass a tokenizer (bpe:<vocab>, a "
+                             "file, a name)")
+        tokenizer = corpus.tokenizer()
     if isinstance(tokenizer, str):
         train_split = "train" if "train" in corpus.splits else corpus.splits[0]
 

@@ -1,0 +1,66 @@
+"""The synthetic copy corpus: deterministic, the structure it promises, its tokenizer, its chunk classes."""
+
+import numpy as np
+import pytest
+
+from rpt.cli import main
+from rpt.data.corpora import load_corpus
+from rpt.data.synthetic import CopySpec, copy_classes, copy_document, parse_spec
+from rpt.train.data import open_store
+
+
+def test_spec_parsing_and_round_trip():
+    s = parse_spec("synthetic:copy-far?docs=10&vocab=64&distance=3-5&p=0.25")
+    assert (s.docs, s.vocab, s.min_distance, s.max_distance, s.p_repeat) == (10, 64, 3, 5, 0.25)
+    assert parse_spec(s.spec) == s
+    assert parse_spec("synthetic:copy-near").spec == "synthetic:copy-near"
+    for bad in ("synthetic:copy-mid", "synthetic:copy-far?size=3", "synthetic:copy-far?docs=x",
+                "synthetic:copy-far?distance=20-30"):
+        with pytest.raises(ValueError, match="synthetic|corpus"):
+            parse_spec(bad)
+
+
+@pytest.mark.parametrize("setting,lo,hi", [("copy-near", 1, 1), ("copy-far", 6, 12)])
+def test_repeats_lie_at_the_promised_distance(setting, lo, hi):
+    spec = parse_spec(f"synthetic:{setting}?vocab=256")
+    rng = np.random.default_rng(0)
+    distances = []
+    for _ in range(50):
+        p = copy_document(rng, spec).reshape(spec.passages, spec.passage)
+        for i in range(spec.passages):
+            src = [d for d in range(1, i + 1) if np.array_equal(p[i], p[i - d])]  # nearest earlier copy first
+            if src:
+                distances.append(src[0])
+    assert distances and min(distances) >= lo and max(distances) <= hi
+    frac = len(distances) / (50 * (spec.passages - lo))
+    assert 0.35 < frac < 0.65  # p_repeat = 0.5 of the passages that may repeat
+
+
+def test_copy_classes():
+    s = CopySpec(vocab=50, passage=128, passages=4, min_distance=1, max_distance=1, p_repeat=1.0)
+    toks = copy_document(np.random.default_rng(1), s)  # passages 1..3 all repeat passage 0
+    assert copy_classes(toks, 128, 64).tolist() == [0, 0, 1, 2, 1, 2, 1, 2]
+    with pytest.raises(ValueError, match="multiple"):
+        copy_classes(toks, 100, 64)
+
+
+def test_prepare_synthetic_is_deterministic_with_one_token_per_word(tmp_path):
+    spec = "synthetic:copy-far?docs=6&eval_docs=2"
+    for out in ("a", "b"):
+        assert main(["prepare", "--corpus", spec, "--out", str(tmp_path / out), "--no-progress"]) == 0
+    a, b = open_store(tmp_path / "a", "train"), open_store(tmp_path / "b", "train")
+    assert len(a) == 6 and a.doc_lengths().tolist() == [2048] * 6
+    assert all(np.array_equal(a.document(i), b.document(i)) for i in range(6))
+    corpus = load_corpus(spec)
+    words = next(corpus.documents("train")).text.split()
+    assert np.array_equal(a.document(0), [int(w[1:]) for w in words])  # word w17 is token 17
+    assert a.manifest["corpus"]["synthetic"]["min_distance"] == 6
+    test = open_store(tmp_path / "a", "test")
+    train_docs = {a.document(i).tobytes() for i in range(6)}
+    assert not any(test.document(i).tobytes() in train_docs for i in range(len(test)))
+
+
+def test_unknown_synthetic_corpus_is_one_clear_line(tmp_path, capsys):
+    assert main(["prepare", "--corpus", "synthetic:copy-mid", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "synthetic:copy-near" in err and "Traceback" not in err
