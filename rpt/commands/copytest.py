@@ -1,0 +1,57 @@
+"""`rpt copytest`: does retrieval work? xl copies near repeats; retro and rpt-lex must copy far ones (rpt/copytest.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "the copy test: xl on near repeats (control) and xl / retro / rpt-lex on repeats beyond xl's reach, per seed"
+ORDER = 75
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.copytest import CopyTestSettings
+
+    d = CopyTestSettings()
+    p.add_argument("--out", type=Path, default=d.out, help=f"folder for stores, runs and copytest.json (default {d.out})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"updates per run (default {d.steps})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per update (default {d.batch_size})")
+    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated seeds, e.g. 0,1,2 (default 0)")
+    p.add_argument("--variants", default=",".join(d.variants),
+                   help="retrieving variants trained on the far corpus, comma-separated (default retro,rpt-lex)")
+    p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model config field for every run (ablations), e.g. --set cca_positions=false")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from rpt.cli import UserError
+    from rpt.config import VARIANTS
+    from rpt.copytest import CopyTestSettings, run_copytest
+
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    bad = [v for v in variants if v not in VARIANTS or v in ("xl", "rpt-sem")]
+    if bad or not seeds:
+        raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex (xl always runs; rpt-sem needs a "
+                        f"scorer)" if bad else "--seeds: give at least one seed")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--set {item}: expected KEY=VALUE (a model field, e.g. cca_positions=false)")
+        overrides[key.strip().removeprefix("model.")] = yaml.safe_load(value)
+    s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
+                         variants=variants, eval_docs=args.eval_docs, threads=args.threads, progress=not args.no_progress,
+                         model_overrides=overrides)
+    summary = run_copytest(s)
+    print(f"wrote {summary['path']}")
+    return 0 if summary["verdict"]["passed"] else 1

@@ -1,0 +1,226 @@
+"""`rpt copytest`: the project's proof that retrieval is used, on the synthetic copy corpus (rpt.data.synthetic).
+
+    near control   xl on synthetic:copy-near: repeats inside one attention window. xl's loss on repeated chunks must
+                   fall far below its loss on fresh ones: the setting can teach copying at all.
+    far            xl, retro (BM25 neighbours) and rpt-lex (its own retriever) on synthetic:copy-far: repeats beyond
+                   xl's whole receptive field. xl can gain nothing; a retrieving variant gains only through CCA.
+
+Every variant of a seed starts from the same weights (paired initialisation) and sees fresh documents only (each
+training document is used once). Each checkpoint is evaluated over whole test documents with its neighbours, with
+none, and (rpt-lex) with BM25's, and reports the loss per chunk class (fresh, repeat-head, repeat-tail) and, for the
+repeat-tail chunks, how often the first neighbour's continuation is exactly the chunk to predict (hit@1).
+
+The copy advantage is loss(fresh) - loss(repeat-tail), nats. The test passes when xl's near advantage is large
+(>= `min_near` nats), xl's far advantage is small (< `max_xl_far`), and each retrieving variant's far advantage with
+its own neighbours reaches at least half of xl's near advantage, with a retrieval gain (loss without neighbours minus
+loss with them, on repeat-tail chunks) of the same size.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rpt.utils import write_json_atomic
+
+
+@dataclass
+class CopyTestSettings:
+    out: Path = Path("runs/copytest")
+    preset: str = "tiny"
+    steps: int = 300  # updates per run (x batch_size fresh documents each)
+    lr: float = 1e-2
+    warmup: int = 30
+    batch_size: int = 4
+    seq_len: int = 2048
+    segment_len: int = 128
+    docs: int = 0  # training documents per store (0: steps * batch_size, so no document is seen twice)
+    eval_docs: int = 32
+    variants: tuple[str, ...] = ("retro", "rpt-lex")  # retrieving variants trained on far (xl always runs)
+    seeds: tuple[int, ...] = (0,)
+    threads: int = 0
+    progress: bool = True
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"cca_positions": False} for ablations
+    min_near: float = 2.0
+    max_xl_far: float = 0.2
+
+
+def _spec(setting: str, s: CopyTestSettings) -> str:
+    docs = s.docs or s.steps * s.batch_size
+    return f"synthetic:{setting}?docs={docs}&eval_docs={s.eval_docs}&passages={s.seq_len // 128}"
+
+
+def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
+    from rpt.data.prepare import prepare
+
+    root = s.out / "stores" / setting
+    spec = _spec(setting, s)
+    log.append(f"rpt prepare --corpus '{spec}' --out {root}")
+    prepare(spec, "corpus", root, splits=["train", "test"], progress=s.progress)
+    return root
+
+
+def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
+    from rpt.labels.pipeline import LabelSpec, label_split
+    from rpt.train.data import open_store
+
+    out = root / "labels" / f"train-lex-{s.seq_len}"
+    if not (out / "manifest.json").exists():
+        log.append(f"rpt label --store {root} --split train --kind lex --span {s.seq_len} --segment-len {s.segment_len}")
+        label_split(open_store(root, "train"), out, LabelSpec(kind="lex", span=s.seq_len, segment_len=s.segment_len),
+                    progress=s.progress)
+    return out
+
+
+def _train(variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings, run: Path) -> Path:
+    from rpt.config import RPTConfig
+    from rpt.train.data import open_store
+    from rpt.train.loop import train
+
+    vocab = int(open_store(root, "train").tokenizer_id["vocab_size"])
+    overrides = s.model_overrides if variant != "xl" else {}  # ablations concern CCA; xl runs are shared
+    cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=s.segment_len, **overrides)
+    cfg.data.seq_len, cfg.data.store = s.seq_len, str(root)
+    t = cfg.train
+    t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = s.steps, s.lr, s.warmup, s.batch_size, seed, str(run)
+    t.checkpoint_every, t.log_every = s.steps, 25
+    t.alpha_ramp_steps = max(1, s.steps // 5)
+    train(cfg, root, labels, resume=True, progress=s.progress)
+    return run
+
+
+def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int) -> dict[str, dict[str, float]]:
+    """Per source: mean NLL per chunk class over the first `n_docs` test documents, and hit@1 on repeat-tail chunks."""
+    from rpt.data.synthetic import CLASSES, copy_classes
+    from rpt.eval.perplexity import bm25_neighbors, evaluate_document
+    from rpt.train.checkpoint import load_model
+    from rpt.train.data import open_store
+
+    model, cfg = load_model(run)
+    M, S, K = cfg.model.chunk_size, cfg.model.segment_len, cfg.model.n_neighbors
+    store = open_store(root, "test")
+    passage = int(store.manifest["corpus"]["synthetic"]["passage"]) if "corpus" in store.manifest else 128
+    out: dict[str, dict[str, float]] = {}
+    for src in sources:
+        nll, cnt, hits, tails = np.zeros(len(CLASSES)), np.zeros(len(CLASSES)), 0, 0
+        for d in range(min(n_docs, len(store))):
+            toks = np.asarray(store.document(d), dtype=np.int64)
+            C = len(toks) // M
+            nb = None
+            if src == "bm25":
+                nb = bm25_neighbors(toks, M, S, K)
+            elif src == "none" and cfg.model.uses_retrieval:
+                nb = np.full((C, K), -1, np.int64)
+            ev = evaluate_document(model, toks, neighbor_ids=nb, n_neighbors=K)
+            cls = copy_classes(toks, passage, M)
+            for c in range(len(CLASSES)):
+                m = cls == c
+                nll[c] += ev.chunk_nll[:C][m].sum()
+                cnt[c] += ev.chunk_tokens[:C][m].sum()
+            if ev.neighbors is not None:
+                chunks = toks[: C * M].reshape(C, M)
+                for t in np.nonzero(cls == 2)[0]:
+                    j = int(ev.neighbors[t - 1, 0])
+                    tails += 1
+                    hits += int(0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]))
+        row = {name: float(nll[c] / cnt[c]) if cnt[c] else float("nan") for c, name in enumerate(CLASSES)}
+        row["advantage"] = row["fresh"] - row["repeat-tail"]
+        if tails:
+            row["hit@1"] = hits / tails
+        out[src] = row
+    return out
+
+
+def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
+    import torch
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    t0 = time.perf_counter()
+    log: list[str] = []
+    near, far = _prepare("copy-near", s, log), _prepare("copy-far", s, log)
+    labels = _label(far, s, log) if s.variants else None
+    own = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
+    runs: list[dict[str, Any]] = []
+    for seed in s.seeds:
+        plan = [("near", "xl", near, None), ("far", "xl", far, None)] + [("far", v, far, labels) for v in s.variants]
+        for setting, variant, root, lab in plan:
+            run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_tag(s) if variant != 'xl' else ''}"
+            t = time.perf_counter()
+            _train(variant, root, lab, seed, s, run)
+            seconds = time.perf_counter() - t
+            sources = ["none"] if variant == "xl" else [own[variant], "none"] + (["bm25"] if variant != "retro" else [])
+            res = evaluate_copy(run, root, sources, s.eval_docs)
+            runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res})
+            print(format_row(runs[-1]), flush=True)
+    summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}, "runs": runs,
+               "commands": log, "seconds": time.perf_counter() - t0}
+    summary["verdict"] = verdict(runs, s)
+    summary["path"] = str(s.out / f"copytest{_tag(s)}.json")
+    write_json_atomic(Path(summary["path"]), summary)
+    print("\n" + format_table(summary))
+    return summary
+
+
+def _tag(s: CopyTestSettings) -> str:
+    """Run-name suffix for model overrides (ablations share the xl runs of the same --out)."""
+    return "".join(f"-{k}={v}" for k, v in sorted(s.model_overrides.items()))
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
+    """Means over seeds and the pass/fail of each requirement (module docstring)."""
+    own = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
+
+    def adv(setting: str, variant: str, src: str) -> list[float]:
+        return [r["eval"][src]["advantage"] for r in runs if r["setting"] == setting and r["variant"] == variant]
+
+    near = _mean_sd(adv("near", "xl", "none"))
+    out: dict[str, Any] = {"xl near advantage": near, "xl far advantage": _mean_sd(adv("far", "xl", "none"))}
+    checks = {"xl copies near repeats": near[0] >= s.min_near,
+              "xl gains nothing on far repeats": out["xl far advantage"][0] < s.max_xl_far}
+    for v in s.variants:
+        a = _mean_sd(adv("far", v, own[v]))
+        gain = _mean_sd([r["eval"]["none"]["repeat-tail"] - r["eval"][own[v]]["repeat-tail"]
+                         for r in runs if r["setting"] == "far" and r["variant"] == v])
+        out[f"{v} far advantage"], out[f"{v} far retrieval gain"] = a, gain
+        checks[f"{v} reaches half of xl's near advantage on far repeats"] = a[0] >= 0.5 * near[0]
+        checks[f"{v} far gain comes from its neighbours"] = gain[0] >= 0.5 * near[0]
+    out["checks"] = checks
+    out["passed"] = all(checks.values())
+    return out
+
+
+def format_row(r: dict[str, Any]) -> str:
+    parts = []
+    for src, e in r["eval"].items():
+        hit = f" hit@1 {100 * e['hit@1']:.0f}%" if "hit@1" in e else ""
+        parts.append(f"{src}: fresh {e['fresh']:.3f} head {e['repeat-head']:.3f} tail {e['repeat-tail']:.3f} "
+                     f"adv {e['advantage']:+.3f}{hit}")
+    return f"{r['setting']:<5} {r['variant']:<8} seed {r['seed']}  " + " | ".join(parts) + f"  ({r['train_seconds']:.0f} s)"
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    v = summary["verdict"]
+    n = len({r["seed"] for r in summary["runs"]})
+    lines = [f"copy advantage = loss(fresh) - loss(repeat-tail), nats; mean ± sd over {n} seed(s)"]
+    for k, val in v.items():
+        if isinstance(val, (list, tuple)):
+            lines.append(f"  {k:<36} {val[0]:+.3f} ± {val[1]:.3f}")
+    lines.append("checks:")
+    lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in v["checks"].items()]
+    lines.append("PASSED" if v["passed"] else "FAILED")
+    return "\n".join(lines)
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
