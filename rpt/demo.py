@@ -35,6 +35,7 @@ class DemoSettings:
     k: int = 20  # BM25 candidates per chunk
     threads: int = 0  # 0: torch default
     progress: bool = True
+    seeds: tuple[int, ...] = (0,)  # paired seeds: every variant of a seed starts from the same weights
 
 
 def _run(argv: list[str], log: list[str]) -> None:
@@ -88,35 +89,43 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     timed("label", ["label", "--store", str(store), "--split", "test", "--kind", "sem", "--span", "doc", *seg, *k,
                     "--scorer", scorer, "--max-documents", str(s.eval_documents), "--out", str(test_sem), *prog])
 
-    # 3. the four variants on the same tokens, same seed
+    # 3. the four variants on the same tokens, for each seed from the same starting weights (paired initialisation)
     labels = {"xl": None, "retro": train_lex, "rpt-lex": train_lex, "rpt-sem": train_sem}
-    for v in VARIANTS:
-        argv = ["train", *common, "--variant", v, "--steps", str(s.steps), "--out", str(runs / v)]
-        if labels[v] is not None:
-            argv += ["--labels", str(labels[v])]
-        timed(f"train {v}", argv)
+    for seed in s.seeds:
+        for v in VARIANTS:
+            argv = ["train", *common, "--variant", v, "--steps", str(s.steps), "--out", str(runs / _name(v, seed, s)),
+                    "--seed", str(seed)]
+            if labels[v] is not None:
+                argv += ["--labels", str(labels[v])]
+            timed(f"train {v}", argv)
 
-    # 4. evaluation over whole test documents, each chunk retrieving from the document so far
+    # 4. evaluation over whole test documents, each chunk retrieving from the document so far; every retrieving
+    # checkpoint also without neighbours (--source none): the retrieval gain ppl(none) / ppl(own neighbours)
     ev = ["eval", "--store", str(store), "--split", "test", "--max-documents", str(s.eval_documents), *thr, *prog]
-    timed("eval", [*ev, "--checkpoint", str(runs / "xl"), "--out", str(res / "xl.json"), "--per-chunk"])
-    for v in ("retro", "rpt-lex", "rpt-sem"):
-        timed("eval", [*ev, "--checkpoint", str(runs / v), "--out", str(res / f"{v}.json"), "--labels", str(test_sem),
-                       "--metrics", "--per-chunk", "--baseline", str(res / "xl.json")])
-    for v in ("rpt-lex", "rpt-sem"):
-        timed("eval", [*ev, "--checkpoint", str(runs / v), "--out", str(res / f"{v}-oracle.json"), "--labels", str(test_sem),
-                       "--source", "oracle"])
-    timed("eval", [*ev, "--checkpoint", str(runs / "rpt-sem"), "--out", str(res / "rpt-sem-k4.json"), "--neighbors", "4"])
-    timed("plots", [*ev, "--checkpoint", str(runs / "rpt-sem"), "--out", str(res / "rpt-sem-plots.json"),
-                    "--labels", str(test_sem), "--metrics", "--per-chunk", "--baseline", str(res / "xl.json"),
-                    "--plots", str(res), "--compare", str(res / "retro.json"), str(res / "rpt-lex.json")])
-    timed("explore", ["explore", "--checkpoint", str(runs / "rpt-sem"), "--store", str(store), "--split", "test", "--doc", "0",
-                      "--labels", str(test_sem), "--out", str(res / "explore.html")])
+    for seed in s.seeds:
+        name = {v: _name(v, seed, s) for v in VARIANTS}
+        timed("eval", [*ev, "--checkpoint", str(runs / name["xl"]), "--out", str(res / f"{name['xl']}.json"), "--per-chunk"])
+        for v in ("retro", "rpt-lex", "rpt-sem"):
+            timed("eval", [*ev, "--checkpoint", str(runs / name[v]), "--out", str(res / f"{name[v]}.json"), "--labels",
+                           str(test_sem), "--metrics", "--per-chunk", "--baseline", str(res / f"{name['xl']}.json")])
+            timed("eval", [*ev, "--checkpoint", str(runs / name[v]), "--out", str(res / f"{name[v]}-none.json"),
+                           "--source", "none"])
+            timed("eval", [*ev, "--checkpoint", str(runs / name[v]), "--out", str(res / f"{name[v]}-oracle.json"),
+                           "--labels", str(test_sem), "--source", "oracle"])
+        timed("eval", [*ev, "--checkpoint", str(runs / name["rpt-sem"]), "--out", str(res / f"{name['rpt-sem']}-k4.json"),
+                       "--neighbors", "4"])
+    first = {v: _name(v, s.seeds[0], s) for v in VARIANTS}
+    timed("plots", [*ev, "--checkpoint", str(runs / first["rpt-sem"]), "--out", str(res / "rpt-sem-plots.json"),
+                    "--labels", str(test_sem), "--metrics", "--per-chunk", "--baseline", str(res / f"{first['xl']}.json"),
+                    "--plots", str(res), "--compare", str(res / f"{first['retro']}.json"), str(res / f"{first['rpt-lex']}.json")])
+    timed("explore", ["explore", "--checkpoint", str(runs / first["rpt-sem"]), "--store", str(store), "--split", "test",
+                      "--doc", "0", "--labels", str(test_sem), "--out", str(res / "explore.html")])
 
-    summary = summarize(runs, res)
+    summary = summarize(runs, res, s)
     summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     summary["total_s"] = round(time.perf_counter() - t_all, 1)
     summary["commands"] = commands
-    plot_loss_curves(runs, res / "loss_curves.png")
+    plot_loss_curves(runs, res / "loss_curves.png", s)
     write_json_atomic(res / "demo.json", summary)
     print("\n" + format_table(summary))
     print(f"\nplots and the explorer page are in {res}/ (loss_curves.png, supervision_quality.png, token_overlap.png, "
@@ -146,50 +155,90 @@ def _seconds_per_update(rows: list[dict[str, Any]]) -> float | None:
     return statistics.median(per[1:] or per) if per else None  # the first window carries warm-up
 
 
-def summarize(runs: Path, res: Path) -> dict[str, Any]:
+def _name(variant: str, seed: int, s: DemoSettings) -> str:
+    """Run / result name of a variant and seed (the plain variant name for a single-seed demo)."""
+    return variant if len(s.seeds) == 1 else f"{variant}-seed{seed}"
+
+
+def _mean_sd(xs: list[float]) -> dict[str, float]:
+    import statistics
+
+    return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def summarize(runs: Path, res: Path, s: DemoSettings) -> dict[str, Any]:
+    """One row per variant (and per evaluation setting): mean and sd over seeds of perplexity and, for retrieving
+    variants, of the retrieval gain ppl(no neighbours) / ppl(own neighbours) and ppl(no neighbours) / ppl(oracle)."""
     rows: dict[str, dict[str, Any]] = {}
-    xl_time = _seconds_per_update(_log(runs / "xl"))
-    for name, run, result in [(v, v, v) for v in VARIANTS] + [("rpt-lex oracle", "rpt-lex", "rpt-lex-oracle"),
-                                                               ("rpt-sem oracle", "rpt-sem", "rpt-sem-oracle"),
-                                                               ("rpt-sem K=4", "rpt-sem", "rpt-sem-k4")]:
-        r = _load(res / f"{result}.json")
-        if r is None:
+    xl_time = [_seconds_per_update(_log(runs / _name("xl", seed, s))) for seed in s.seeds]
+    for name, variant, suffix in [(v, v, "") for v in VARIANTS] + [("rpt-sem K=4", "rpt-sem", "-k4")]:
+        ppl, gain, gain_oracle, ppl_oracle, times, metric_rows = [], [], [], [], [], {}
+        for i, seed in enumerate(s.seeds):
+            base = _name(variant, seed, s)
+            r = _load(res / f"{base}{suffix}.json")
+            if r is None:
+                continue
+            ppl.append(r["total"]["perplexity"])
+            none, oracle = _load(res / f"{base}-none.json"), _load(res / f"{base}-oracle.json")
+            if not suffix and none is not None:
+                gain.append(none["total"]["perplexity"] / r["total"]["perplexity"])
+            if not suffix and none is not None and oracle is not None:
+                gain_oracle.append(none["total"]["perplexity"] / oracle["total"]["perplexity"])
+                ppl_oracle.append(oracle["total"]["perplexity"])
+            t = _seconds_per_update(_log(runs / base))
+            if t and xl_time[i] and not suffix:
+                times.append(t / xl_time[i])
+            for who in ("model", "bm25"):
+                m = (r.get("retrieval") or {}).get(who)
+                if m:
+                    for k in ("precision@2", "recall@10", "ndcg@20"):
+                        metric_rows.setdefault(who, {}).setdefault(k, []).append(m[k])
+        if not ppl:
             continue
-        log = _log(runs / run)
-        t = _seconds_per_update(log)
-        row = {"perplexity": r["total"]["perplexity"], "eval_tokens": r["total"]["n_targets"],
-               "final_train_loss": log[-1]["lm_loss"] if log else None,
-               "time_per_update_vs_xl": (t / xl_time) if (t and xl_time and name in VARIANTS) else None}
-        for who in ("model", "bm25"):
-            m = (r.get("retrieval") or {}).get(who)
-            if m:
-                row[who] = {k: m[k] for k in ("precision@2", "recall@10", "ndcg@20")}
+        row: dict[str, Any] = {"perplexity": _mean_sd(ppl)}
+        if gain:
+            row["retrieval_gain"] = _mean_sd(gain)
+        if gain_oracle:
+            row["oracle_gain"], row["oracle_perplexity"] = _mean_sd(gain_oracle), _mean_sd(ppl_oracle)
+        if times:
+            row["time_per_update_vs_xl"] = _mean_sd(times)
+        for who, ms in metric_rows.items():
+            row[who] = {k: sum(v) / len(v) for k, v in ms.items()}
         rows[name] = row
-    return {"rows": rows}
+    return {"rows": rows, "seeds": list(s.seeds)}
 
 
 def format_table(summary: dict[str, Any]) -> str:
     def pct(x: Any) -> str:
         return f"{100 * x:5.1f}%" if isinstance(x, (int, float)) else "    - "
 
-    lines = [f"{'model':<16}{'ppl':>9}{'time/upd':>10}   {'P@2':>6} {'R@10':>6} {'nDCG@20':>7}   "
-             f"{'BM25 P@2':>8} {'R@10':>6} {'nDCG@20':>7}"]
+    def ms(x: dict[str, float] | None, fmt: str = "{:.2f}") -> str:
+        if not x:
+            return "-"
+        return fmt.format(x["mean"]) + (f" ± {fmt.format(x['sd'])}" if x["n"] > 1 else "")
+
+    n = len(summary.get("seeds", [0]))
+    lines = [f"mean ± sd over {n} paired seed(s); gain = ppl without neighbours / ppl with them (own; oracle)",
+             f"{'model':<13}{'ppl':>17}{'gain':>15}{'oracle gain':>15}{'time/upd':>15}   {'P@2':>6} {'R@10':>6} "
+             f"{'nDCG@20':>7}   {'BM25 P@2':>8} {'R@10':>6} {'nDCG@20':>7}"]
     for name, r in summary["rows"].items():
-        t = r.get("time_per_update_vs_xl")
         m, b = r.get("model", {}), r.get("bm25", {})
-        lines.append(f"{name:<16}{r['perplexity']:9.3f}{(f'{t:.2f}x' if t else '-'):>10}   "
+        lines.append(f"{name:<13}{ms(r['perplexity']):>17}{ms(r.get('retrieval_gain'), '{:.3f}'):>15}"
+                     f"{ms(r.get('oracle_gain'), '{:.3f}'):>15}{ms(r.get('time_per_update_vs_xl')):>15}   "
                      f"{pct(m.get('precision@2'))} {pct(m.get('recall@10'))} {pct(m.get('ndcg@20')):>7}   "
                      f"{pct(b.get('precision@2')):>8} {pct(b.get('recall@10'))} {pct(b.get('ndcg@20')):>7}")
     return "\n".join(lines)
 
 
-def plot_loss_curves(runs: Path, path: Path) -> Path | None:
+def plot_loss_curves(runs: Path, path: Path, s: DemoSettings) -> Path | None:
     plt = require("matplotlib.pyplot", "plots")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for v in VARIANTS:
-        log = _log(runs / v)
-        if log:
-            ax.plot([r["step"] for r in log], [r["lm_loss"] for r in log], label=v)
+    for i, v in enumerate(VARIANTS):
+        for j, seed in enumerate(s.seeds):
+            log = _log(runs / _name(v, seed, s))
+            if log:
+                ax.plot([r["step"] for r in log], [r["lm_loss"] for r in log], color=f"C{i}", alpha=0.8,
+                        label=v if j == 0 else None)
     ax.set_xlabel("update")
     ax.set_ylabel("training LM loss (nats/token)")
     ax.set_title("RPT demo: the four variants on the same tokens")

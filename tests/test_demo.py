@@ -8,20 +8,23 @@ from rpt.cli import main
 def test_demo_and_bench_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     code = main(["demo", "--out", str(out), "--max-documents", "3", "--eval-documents", "1", "--steps", "6",
-                 "--scorer-steps", "4", "--k", "4", "--no-progress"])
+                 "--scorer-steps", "4", "--k", "4", "--seeds", "0,1", "--no-progress"])
     assert code == 0
     res = out / "results"
     summary = json.loads((res / "demo.json").read_text())
     rows = summary["rows"]
-    assert set(rows) >= {"xl", "retro", "rpt-lex", "rpt-sem", "rpt-sem oracle", "rpt-sem K=4"}
+    assert set(rows) >= {"xl", "retro", "rpt-lex", "rpt-sem", "rpt-sem K=4"}
     for name, row in rows.items():
-        assert row["perplexity"] > 1.0, name
-    assert rows["xl"]["time_per_update_vs_xl"] == 1.0
+        assert row["perplexity"]["mean"] > 1.0 and row["perplexity"]["n"] == 2, name
+    assert rows["xl"]["time_per_update_vs_xl"]["mean"] == 1.0 and "retrieval_gain" not in rows["xl"]
+    for v in ("retro", "rpt-lex", "rpt-sem"):  # with its neighbours, with none, with the oracle, both seeds
+        assert rows[v]["retrieval_gain"]["n"] == 2 and rows[v]["oracle_gain"]["n"] == 2, v
+    assert (res / "rpt-sem-seed1-none.json").exists()
     assert "precision@2" in rows["rpt-sem"]["model"] and "precision@2" in rows["rpt-sem"]["bm25"]
     for f in ("loss_curves.png", "supervision_quality.png", "token_overlap.png", "subgroups.png", "explore.html"):
         assert (res / f).stat().st_size > 1000, f
     text = capsys.readouterr().out
-    assert "$ rpt prepare" in text and "$ rpt train" in text and "rpt-sem oracle" in text
+    assert "$ rpt prepare" in text and "$ rpt train" in text and "oracle gain" in text and "± " in text
 
     bench = tmp_path / "bench.json"
     code = main(["bench", "--store", str(out / "store"), "--steps", "5", "--eval-lengths", "512,1024",

@@ -26,14 +26,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--k", type=int, default=d.k, help="BM25 candidates per chunk (default 20)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seeds", default="0", help="comma-separated paired seeds, e.g. 0,1,2: the table gives mean ± sd "
+                   "(default 0; each seed adds the four trainings)")
     p.add_argument("--no-progress", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
+    from rpt.cli import UserError
     from rpt.demo import DemoSettings, run_demo
 
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {args.seeds!r}: give distinct seeds, e.g. 0,1,2")
     run_demo(DemoSettings(out=args.out, corpus=args.corpus, tokenizer=args.tokenizer, max_documents=args.max_documents,
                           eval_documents=args.eval_documents, steps=args.steps, scorer_steps=args.scorer_steps,
                           scorer=args.scorer, batch_size=args.batch_size, seq_len=args.seq_len, k=args.k,
-                          threads=args.threads, progress=not args.no_progress))
+                          threads=args.threads, progress=not args.no_progress, seeds=seeds))
     return 0
