@@ -34,7 +34,7 @@ from rpt.utils import write_json_atomic
 class CopyTestSettings:
     out: Path = Path("runs/copytest")
     preset: str = "tiny"
-    steps: int = 300  # updates per run (x batch_size fresh documents each)
+    steps: int = 600  # updates per run (x batch_size fresh documents each)
     lr: float = 1e-2
     warmup: int = 30
     batch_size: int = 4
@@ -47,6 +47,7 @@ class CopyTestSettings:
     threads: int = 0
     progress: bool = True
     model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"cca_positions": False} for ablations
+    label_query: str = "pair"  # BM25 query of the training labels: pair (c_q, c_t), as the paper | chunk (c_q alone)
     min_near: float = 2.0
     max_xl_far: float = 0.2
 
@@ -70,11 +71,13 @@ def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.labels.pipeline import LabelSpec, label_split
     from rpt.train.data import open_store
 
-    out = root / "labels" / f"train-lex-{s.seq_len}"
+    out = root / "labels" / f"train-lex-{s.seq_len}" if s.label_query == "pair" else \
+        root / "labels" / f"train-lex-{s.seq_len}-{s.label_query}"
     if not (out / "manifest.json").exists():
-        log.append(f"rpt label --store {root} --split train --kind lex --span {s.seq_len} --segment-len {s.segment_len}")
-        label_split(open_store(root, "train"), out, LabelSpec(kind="lex", span=s.seq_len, segment_len=s.segment_len),
-                    progress=s.progress)
+        log.append(f"rpt label --store {root} --split train --kind lex --span {s.seq_len} --segment-len {s.segment_len} "
+                   f"--query {s.label_query} --out {out}")
+        label_split(open_store(root, "train"), out, LabelSpec(kind="lex", span=s.seq_len, segment_len=s.segment_len,
+                                                              query=s.label_query), progress=s.progress)
     return out
 
 
@@ -169,8 +172,9 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
 
 
 def _tag(s: CopyTestSettings) -> str:
-    """Run-name suffix for model overrides (ablations share the xl runs of the same --out)."""
-    return "".join(f"-{k}={v}" for k, v in sorted(s.model_overrides.items()))
+    """Run-name suffix for model overrides and label query (ablations share the xl runs of the same --out)."""
+    q = "" if s.label_query == "pair" else f"-query={s.label_query}"
+    return "".join(f"-{k}={v}" for k, v in sorted(s.model_overrides.items())) + q
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:

@@ -27,8 +27,10 @@ def test_copytest_cli_rejects_bad_variants(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="not reached yet: at 600 updates rpt-lex gains 0.92 nats on far repeats, retro "
+                   "0.23, against the required half of xl's near advantage (1.63); docs/results.md")
 def test_copy_test_passes(tmp_path):
     """The documented CPU setting (README, docs/results.md): xl copies near repeats, retro and rpt-lex copy far ones
-    through their neighbours, xl cannot. About 25 minutes on 2 cores."""
+    through their neighbours, xl cannot. About 45 minutes on 2 cores. Strict xfail: when it passes, remove the mark."""
     summary = run_copytest(CopyTestSettings(out=tmp_path / "ct", progress=False))
     assert summary["verdict"]["passed"], summary["verdict"]

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model config field for every run (ablations), e.g. --set cca_positions=false")
+    p.add_argument("--label-query", choices=("pair", "chunk"), default=d.label_query,
+                   help="BM25 query of the training labels of retro / rpt-lex: pair (c_q, c_t), the paper's (default) | "
+                   "chunk (c_q alone, as at inference)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         overrides[key.strip().removeprefix("model.")] = yaml.safe_load(value)
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          variants=variants, eval_docs=args.eval_docs, threads=args.threads, progress=not args.no_progress,
-                         model_overrides=overrides)
+                         model_overrides=overrides, label_query=args.label_query)
     summary = run_copytest(s)
     print(f"wrote {summary['path']}")
     return 0 if summary["verdict"]["passed"] else 1
