@@ -28,14 +28,14 @@ class DemoSettings:
     eval_documents: int = 4  # test documents evaluated
     seq_len: int = 1024
     segment_len: int = 128
-    steps: int = 500  # updates per variant
+    steps: int = 200  # updates per variant and seed
     batch_size: int = 2
     scorer_steps: int = 500
     scorer: str = "own"  # own (a small LM trained first) | smollm2 | a Hugging Face name/path
     k: int = 20  # BM25 candidates per chunk
     threads: int = 0  # 0: torch default
     progress: bool = True
-    seeds: tuple[int, ...] = (0,)  # paired seeds: every variant of a seed starts from the same weights
+    seeds: tuple[int, ...] = (0, 1, 2)  # paired seeds: every variant of a seed starts from the same weights
 
 
 def _run(argv: list[str], log: list[str]) -> None:

@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--k", type=int, default=d.k, help="BM25 candidates per chunk (default 20)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seeds", default="0", help="comma-separated paired seeds, e.g. 0,1,2: the table gives mean ± sd "
-                   "(default 0; each seed adds the four trainings)")
+    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated paired seeds: the table gives "
+                   "mean ± sd (default 0,1,2; each seed adds the four trainings)")
     p.add_argument("--no-progress", action="store_true")
 
 
