@@ -241,7 +241,7 @@ def plot_loss_curves(runs: Path, path: Path, s: DemoSettings) -> Path | None:
                         label=v if j == 0 else None)
     ax.set_xlabel("update")
     ax.set_ylabel("training LM loss (nats/token)")
-    ax.set_title("RPT demo: the four variants on the same tokens")
+    ax.set_title(f"RPT demo: the four variants, {len(s.seeds)} paired seed(s)")
     ax.legend()
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
