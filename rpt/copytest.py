@@ -18,7 +18,6 @@ loss with them, on repeat-tail chunks) of the same size.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,9 @@ from typing import Any
 import numpy as np
 
 from rpt.utils import write_json_atomic
+
+# a retrieving variant's own neighbours at evaluation: retro has no retriever and reads BM25's (c_q only)
+OWN_SOURCE = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
 
 
 @dataclass
@@ -149,7 +151,6 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
     log: list[str] = []
     near, far = _prepare("copy-near", s, log), _prepare("copy-far", s, log)
     labels = _label(far, s, log) if s.variants else None
-    own = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
     runs: list[dict[str, Any]] = []
     for seed in s.seeds:
         plan = [("near", "xl", near, None), ("far", "xl", far, None)] + [("far", v, far, labels) for v in s.variants]
@@ -158,7 +159,7 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
             t = time.perf_counter()
             _train(variant, root, lab, seed, s, run)
             seconds = time.perf_counter() - t
-            sources = ["none"] if variant == "xl" else [own[variant], "none"] + (["bm25"] if variant != "retro" else [])
+            sources = ["none"] if variant == "xl" else [OWN_SOURCE[variant], "none"] + (["bm25"] if variant != "retro" else [])
             res = evaluate_copy(run, root, sources, s.eval_docs)
             runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res})
             print(format_row(runs[-1]), flush=True)
@@ -183,7 +184,7 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
 
 def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
     """Means over seeds and the pass/fail of each requirement (module docstring)."""
-    own = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
+    own = OWN_SOURCE
 
     def adv(setting: str, variant: str, src: str) -> list[float]:
         return [r["eval"][src]["advantage"] for r in runs if r["setting"] == setting and r["variant"] == variant]
@@ -224,7 +225,3 @@ def format_table(summary: dict[str, Any]) -> str:
     lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in v["checks"].items()]
     lines.append("PASSED" if v["passed"] else "FAILED")
     return "\n".join(lines)
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())

@@ -58,3 +58,14 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:
+    """Comma-separated distinct integer seeds ("0,1,2"), or a UserError naming the flag."""
+    try:
+        seeds = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UserError(f"{flag} {text!r}: give one or more distinct seeds, e.g. 0,1,2")
+    return seeds

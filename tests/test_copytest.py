@@ -34,3 +34,10 @@ def test_copy_test_passes(tmp_path):
     through their neighbours, xl cannot. About 45 minutes on 2 cores. Strict xfail: when it passes, remove the mark."""
     summary = run_copytest(CopyTestSettings(out=tmp_path / "ct", progress=False))
     assert summary["verdict"]["passed"], summary["verdict"]
+
+
+def test_seed_lists_are_checked_by_demo_and_copytest(tmp_path, capsys):
+    for verb in ("copytest", "demo"):
+        for bad in ("a", "1,1", ","):
+            assert main([verb, "--out", str(tmp_path), "--seeds", bad]) == 2
+            assert "--seeds" in capsys.readouterr().err

@@ -36,16 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
     from rpt.config import VARIANTS
     from rpt.copytest import CopyTestSettings, run_copytest
+    from rpt.utils import parse_seeds
 
-    try:
-        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     bad = [v for v in variants if v not in VARIANTS or v in ("xl", "rpt-sem")]
-    if bad or not seeds:
-        raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex (xl always runs; rpt-sem needs a "
-                        f"scorer)" if bad else "--seeds: give at least one seed")
+    if bad:
+        raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex (xl always runs; rpt-sem needs a scorer)")
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")

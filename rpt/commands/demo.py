@@ -32,15 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.cli import UserError
     from rpt.demo import DemoSettings, run_demo
+    from rpt.utils import parse_seeds
 
-    try:
-        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise UserError(f"--seeds {args.seeds!r}: give distinct seeds, e.g. 0,1,2")
+    seeds = parse_seeds(args.seeds)
     run_demo(DemoSettings(out=args.out, corpus=args.corpus, tokenizer=args.tokenizer, max_documents=args.max_documents,
                           eval_documents=args.eval_documents, steps=args.steps, scorer_steps=args.scorer_steps,
                           scorer=args.scorer, batch_size=args.batch_size, seq_len=args.seq_len, k=args.k,
