@@ -7,6 +7,10 @@ the oracle neighbour of every repeated chunk, so only CCA is on trial. Prints th
     python benchmarks/cca_copy_probe.py steps=150 lr=3e-3 cca_rel_bias=False   # any model field=value (ablations)
     python benchmarks/cca_copy_probe.py steps=300 lr=1e-2 variant=xl near=1    # the control: xl on near repeats
     python benchmarks/cca_copy_probe.py align=first                            # oracle neighbour = the target chunk
+    python benchmarks/cca_copy_probe.py steps=200 align=tail p=1               # only what c_q retrieval can find;
+                                                                               # every far passage repeated
+    python benchmarks/cca_copy_probe.py align=tail p=1 cca_rel_bias_init=zero  # without the relative-bias prior
+    python benchmarks/cca_copy_probe.py align=tail bias_lr=30                  # the bias learning 30x faster instead
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ def oracle(docs: np.ndarray, align: str) -> np.ndarray:
         ch = docs[b].reshape(C, M)
         for c in range(C - 1):
             for j in range(c):
-                if align == "cont" and j + 1 < c and np.array_equal(ch[j + 1], ch[c + 1]):
+                if align in ("cont", "tail") and j + 1 < c and np.array_equal(ch[j + 1], ch[c + 1]):
+                    if align == "tail" and not np.array_equal(ch[j], ch[c]):
+                        continue  # c_q-only retrieval finds the source only where the query chunk is a copy too
                     nb[b, c, 0] = j
                 if align == "first" and np.array_equal(ch[j], ch[c + 1]):
                     nb[b, c, 0] = j
@@ -48,11 +54,15 @@ def main(argv: list[str]) -> None:
     steps, lr = int(kw.pop("steps", 300)), float(kw.pop("lr", 1e-2))
     variant, near, align = kw.pop("variant", "retro"), kw.pop("near", "0") == "1", kw.pop("align", "cont")
     batch, threads = int(kw.pop("batch", 4)), int(kw.pop("threads", 2))
+    bias_lr = float(kw.pop("bias_lr", 1))  # learning-rate multiplier of CCA's relative-offset bias
     torch.set_num_threads(threads)
+    p_repeat = float(kw.pop("p", 0.5))
     cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=VOCAB, **{k: yaml.safe_load(v) for k, v in kw.items()})
     model = RPT(cfg, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95))
-    spec = CopySpec(passages=16, min_distance=1 if near else 6, max_distance=1 if near else 12)
+    fast = [p for n, p in model.named_parameters() if n.endswith("rel_bias")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("rel_bias")]
+    opt = torch.optim.AdamW([{"params": rest}, {"params": fast, "lr": lr * bias_lr}], lr=lr, betas=(0.9, 0.95))
+    spec = CopySpec(passages=16, min_distance=1 if near else 6, max_distance=1 if near else 12, p_repeat=p_repeat)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for s in range(steps):

@@ -285,3 +285,22 @@ def test_every_preset_builds(preset, capsys):
             print(f"\n{preset:>5} {variant:>8}: {n / 1e6:8.1f}M parameters", end="")
         if preset == "250m" and variant in PAPER_PARAMS:
             assert abs(n - PAPER_PARAMS[variant]) / PAPER_PARAMS[variant] < 0.01
+
+
+def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
+    """cca_rel_bias_init=alibi: every head's bias peaks at offset 0 (index 2M - 2: the neighbour token at the query's
+    own position, whose shifted value is the token to predict) and falls linearly with |offset|, steepest in head 0;
+    init_weights keeps it (paired initialisation redraws matrices, not this prior); zero gives a flat start."""
+    from rpt.model.cca import rel_bias_prior
+
+    prior = rel_bias_prior(4, M, "alibi")
+    assert prior.shape == (4, 3 * M - 1)
+    assert (prior.argmax(1) == 2 * M - 2).all() and (prior[:, 2 * M - 2] == 0).all()
+    slopes = -(prior[:, 2 * M - 1])  # offset +1
+    assert (slopes[:-1] > slopes[1:]).all() and torch.allclose(prior[:, 2 * M - 3], prior[:, 2 * M - 1])
+    for init, want in (("alibi", prior), ("zero", torch.zeros(4, 3 * M - 1))):
+        model = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_rel_bias_init=init), seed=3)
+        for layer in (2, 3):
+            torch.testing.assert_close(model.layers[layer].cca.rel_bias.detach(), want)
+    with pytest.raises(ValueError, match="rel_bias_init"):
+        rel_bias_prior(4, M, "gaussian")
