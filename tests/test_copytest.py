@@ -16,7 +16,10 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-lex")}
     far_lex = next(r for r in summary["runs"] if r["variant"] == "rpt-lex")
     assert set(far_lex["eval"]) == {"model", "none", "bm25"} and "hit@1" in far_lex["eval"]["model"]
-    assert set(summary["verdict"]["checks"]) >= {"xl copies near repeats", "retro far gain comes from its neighbours"}
+    assert set(summary["verdict"]["checks"]) >= {"xl copies near repeats", "retro far gain comes from its neighbours",
+                                                 "rpt-lex's retriever ranks the source first for most far repeats"}
+    far_cmd, near_cmd = (next(c for c in summary["commands"] if f"synthetic:{k}" in c) for k in ("copy-far", "copy-near"))
+    assert "p=1" in far_cmd and "p=" not in near_cmd  # far repeats every passage from the 7th on; near keeps 0.5
     assert not summary["verdict"]["passed"]  # 3 updates teach nothing: the test can fail
     assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
 
@@ -24,6 +27,8 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
 def test_copytest_cli_rejects_bad_variants(tmp_path, capsys):
     assert main(["copytest", "--out", str(tmp_path), "--variants", "rpt-sem"]) == 2
     assert "--variants" in capsys.readouterr().err
+    assert main(["copytest", "--out", str(tmp_path), "--far-p", "1.5"]) == 2
+    assert "--far-p" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated seeds, e.g. 0,1,2 (default 0)")
     p.add_argument("--variants", default=",".join(d.variants),
                    help="retrieving variants trained on the far corpus, comma-separated (default retro,rpt-lex)")
+    p.add_argument("--far-p", type=float, default=d.far_p,
+                   help=f"probability that a far passage (from the 7th on) repeats an earlier one (default {d.far_p:g})")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model config field for every run (ablations), e.g. --set cca_positions=false")
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [v for v in variants if v not in VARIANTS or v in ("xl", "rpt-sem")]
     if bad:
         raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex (xl always runs; rpt-sem needs a scorer)")
+    if not 0.0 <= args.far_p <= 1.0:
+        raise UserError(f"--far-p {args.far_p:g}: a probability in [0, 1]")
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--set {item}: expected KEY=VALUE (a model field, e.g. cca_positions=false)")
         overrides[key.strip().removeprefix("model.")] = yaml.safe_load(value)
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
-                         variants=variants, eval_docs=args.eval_docs, threads=args.threads, progress=not args.no_progress,
+                         variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
+                         progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query)
     summary = run_copytest(s)
     print(f"wrote {summary['path']}")
