@@ -254,7 +254,7 @@ def test_tiny_model_overfits_a_batch(variant):
     x = torch.randint(0, V, (1, 384))  # 6 chunks: chunks 4 and 5 retrieve
     nb = supplied_ids(1, 6) if variant == "retro" else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(50):
+    for _ in range(80):
         out = model(x, neighbor_ids=nb)
         loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))
         opt.zero_grad()
