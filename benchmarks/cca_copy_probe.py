@@ -32,7 +32,8 @@ M, VOCAB = 64, 258  # chunk size; 256 words + <unk> + end of text
 
 def oracle(docs: np.ndarray, align: str) -> np.ndarray:
     """[B, C, 2] neighbour ids: for query chunk c (serving c + 1), the chunk j whose continuation j + 1 is chunk c + 1
-    (align=cont, what c_q-only retrieval finds) or whose own tokens are chunk c + 1 (align=first)."""
+    (align=cont), only where chunk j is also a copy of chunk c (align=tail: what c_q-only retrieval can find), or whose
+    own tokens are chunk c + 1 (align=first)."""
     B, T = docs.shape
     C = T // M
     nb = np.full((B, C, 2), -1)

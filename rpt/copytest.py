@@ -18,7 +18,8 @@ chunk first for most repeat-tail chunks (hit@1 > 50%).
 
 The far corpus repeats every passage from the 7th on by default (`far_p` = 1; the corpus default is 0.5): at 0.5 only
 15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau for 200 updates
-even with oracle neighbours; at 1.0 (31%) it left it after ~90 (docs/results.md §0).
+even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90 updates
+(docs/results.md §0).
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
         checks[f"{v} reaches half of xl's near advantage on far repeats"] = a[0] >= 0.5 * near[0]
         checks[f"{v} far gain comes from its neighbours"] = gain[0] >= 0.5 * near[0]
         if own[v] == "model":  # a trained retriever must find the source itself, not only read what it is handed
-            hit = _mean_sd([r["eval"]["model"]["hit@1"] for r in runs if r["setting"] == "far" and r["variant"] == v])
+            hit = _mean_sd([r["eval"]["model"].get("hit@1", 0.0) for r in runs if r["setting"] == "far" and r["variant"] == v])
             out[f"{v} source@1 (repeat-tail)"] = hit
             checks[f"{v}'s retriever ranks the source first for most far repeats"] = hit[0] > 0.5
     out["checks"] = checks

@@ -24,6 +24,12 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
 
 
+def test_a_far_corpus_other_than_the_default_gets_its_own_store_and_runs():
+    from rpt.copytest import _far_tag
+
+    assert _far_tag(CopyTestSettings()) == "" and _far_tag(CopyTestSettings(far_p=0.5)) == "-p0.5"
+
+
 def test_copytest_cli_rejects_bad_variants(tmp_path, capsys):
     assert main(["copytest", "--out", str(tmp_path), "--variants", "rpt-sem"]) == 2
     assert "--variants" in capsys.readouterr().err

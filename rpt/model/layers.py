@@ -187,7 +187,8 @@ class Attention(nn.Module):
 
 def init_weights(module: nn.Module, std: float, n_layers: int, seed: int) -> None:
     """GPT-2 style: normal(0, std), output projections scaled by 1/sqrt(2 * n_layers), biases 0; other vectors keep
-    their constructed constant values (norm weights 1, gate weights 0), as does CCA's relative-offset bias (its prior), except learned null keys/values, normal(0, std).
+    their constructed constant values (norm weights 1, gate weights 0) except learned null keys/values, normal(0, std);
+    CCA's relative-offset bias keeps its constructed prior (`rel_bias_prior`).
 
     Paired initialisation: each random tensor is drawn from its own generator keyed by (seed, parameter name), so two
     models built with one seed hold identical values in every parameter they share, whatever other modules either has
@@ -201,8 +202,8 @@ def init_weights(module: nn.Module, std: float, n_layers: int, seed: int) -> Non
             with torch.no_grad():
                 p.zero_()
             continue
-        if (p.dim() < 2 and not name.endswith(("null_k", "null_v"))) or name.endswith("rel_bias"):
-            continue  # constructed values: norm gains, gate weights, CCA's relative-offset prior
+        if name.endswith("rel_bias") or (p.dim() < 2 and not name.endswith(("null_k", "null_v"))):
+            continue
         scale = 1.0 / math.sqrt(2 * n_layers) if name.endswith(("out.weight", "w_down.weight")) else 1.0
         with torch.no_grad():
             p.copy_(torch.randn(p.shape, generator=keyed_generator(seed, name), device="cpu") * (std * scale))
