@@ -58,12 +58,14 @@ def main(argv: list[str]) -> None:
     bias_lr = float(kw.pop("bias_lr", 1))  # learning-rate multiplier of CCA's relative-offset bias
     torch.set_num_threads(threads)
     p_repeat = float(kw.pop("p", 0.5))
+    passages = int(kw.pop("passages", 16))  # 128-token passages per document (16: 2,048-token documents)
+    lo, hi = (int(v) for v in kw.pop("distance", "1-1" if near else "6-12").split("-"))  # repeat distance, passages
     cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=VOCAB, **{k: yaml.safe_load(v) for k, v in kw.items()})
     model = RPT(cfg, seed=0)
     fast = [p for n, p in model.named_parameters() if n.endswith("rel_bias")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("rel_bias")]
     opt = torch.optim.AdamW([{"params": rest}, {"params": fast, "lr": lr * bias_lr}], lr=lr, betas=(0.9, 0.95))
-    spec = CopySpec(passages=16, min_distance=1 if near else 6, max_distance=1 if near else 12, p_repeat=p_repeat)
+    spec = CopySpec(passages=passages, min_distance=lo, max_distance=hi, p_repeat=p_repeat)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for s in range(steps):

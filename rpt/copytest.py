@@ -1,25 +1,33 @@
 """`rpt copytest`: the project's proof that retrieval is used, on the synthetic copy corpus (rpt.data.synthetic).
 
-    near control   xl on synthetic:copy-near: repeats inside one attention window. xl's loss on repeated chunks must
-                   fall far below its loss on fresh ones: the setting can teach copying at all.
-    far            xl, retro (BM25 neighbours) and rpt-lex (its own retriever) on synthetic:copy-far: repeats beyond
-                   xl's whole receptive field. xl can gain nothing; a retrieving variant gains only through CCA.
+    near control   xl on synthetic:copy-near: repeats one passage back, inside one layer's attention window (its
+                   segment is at least a passage long). xl's loss on repeated chunks must fall far below its loss on
+                   fresh ones: the setting can teach copying at all.
+    far            xl, retro (BM25 neighbours), rpt-lex and rpt-sem (their own retriever) on synthetic:copy-far:
+                   repeats beyond xl's whole receptive field. xl can gain nothing; a retrieving variant gains only
+                   through CCA.
+
+The far repeat distance follows from the model: a repeat lies at least (n_layers + 1) * segment_len + 1 tokens back
+(xl's reach with sliding windows), in whole 128-token passages, and at most twice that, inside the training span.
 
 Every variant of a seed starts from the same weights (paired initialisation) and sees fresh documents only (each
-training document is used once). Each checkpoint is evaluated over whole test documents with its neighbours, with
-none, and (rpt-lex) with BM25's, and reports the loss per chunk class (fresh, repeat-head, repeat-tail) and, for the
-repeat-tail chunks, how often the first neighbour's continuation is exactly the chunk to predict (hit@1).
+training document is used once). rpt-sem's scoring LM is the near control of the first seed: an xl that has learned
+to copy inside its window, exactly what scoring a candidate placed before the query needs (§3.2; any LM with in-context
+copying would do). It also labels the test documents, so every retrieving checkpoint is evaluated over whole test
+documents with its own neighbours, with none, with the oracle's (the scorer's best candidates) and, for rpt-lex and
+rpt-sem, with BM25's. Reported per chunk class (fresh, repeat-head, repeat-tail): mean NLL, and for the repeat-tail
+chunks how often the first neighbour's continuation is exactly the chunk to predict (hit@1).
 
 The copy advantage is loss(fresh) - loss(repeat-tail), nats. The test passes when xl's near advantage is large
 (>= `min_near` nats), xl's far advantage is small (< `max_xl_far`), and each retrieving variant's far advantage with
 its own neighbours reaches at least half of xl's near advantage, with a retrieval gain (loss without neighbours minus
-loss with them, on repeat-tail chunks) of the same size, and each trained retriever (rpt-lex) ranks the true source
-chunk first for most repeat-tail chunks (hit@1 > 50%).
+loss with them, on repeat-tail chunks) of the same size, and each trained retriever (rpt-lex, rpt-sem) ranks the true
+source chunk first for most repeat-tail chunks (hit@1 > 50%).
 
-The far corpus repeats every passage from the 7th on by default (`far_p` = 1; the corpus default is 0.5): at 0.5 only
-15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau for 200 updates
-even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90 updates
-(docs/results.md §0).
+The far corpus repeats every passage from the first far-enough one on by default (`far_p` = 1; the corpus default is
+0.5): at 0.5 only 15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau
+for 200 updates even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90
+updates (docs/results.md §0).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from rpt.utils import write_json_atomic
 
 # a retrieving variant's own neighbours at evaluation: retro has no retriever and reads BM25's (c_q only)
 OWN_SOURCE = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
+PASSAGE = 128  # words (= tokens) per passage: two chunks
 
 
 @dataclass
@@ -45,6 +54,8 @@ class CopyTestSettings:
     steps: int = 600  # updates per run (x batch_size fresh documents each)
     lr: float = 1e-2
     warmup: int = 30
+    min_lr_ratio: float = 0.1  # cosine decay to this fraction of lr (1: constant after warmup, for short runs)
+    near_steps: int = 0  # updates of the near control, which is also rpt-sem's scoring LM (0: steps)
     batch_size: int = 4
     seq_len: int = 2048
     segment_len: int = 128
@@ -52,6 +63,7 @@ class CopyTestSettings:
     eval_docs: int = 32
     far_p: float = 1.0  # repeat probability of the far corpus (near keeps the corpus default, 0.5)
     variants: tuple[str, ...] = ("retro", "rpt-lex")  # retrieving variants trained on far (xl always runs)
+    scorer_k: int = 4  # BM25 candidates scored per query chunk for rpt-sem's labels and the oracle
     seeds: tuple[int, ...] = (0,)
     threads: int = 0
     progress: bool = True
@@ -61,17 +73,39 @@ class CopyTestSettings:
     max_xl_far: float = 0.2
 
 
+def far_distance(s: CopyTestSettings) -> tuple[int, int]:
+    """Far repeat distance in passages: the nearest beyond xl's reach, (n_layers + 1) * segment_len tokens (a token
+    copies the one d * 128 - 1 back), up to twice that and inside the span. A ValueError when the span is too short."""
+    from rpt.config import RPTConfig
+
+    cfg = RPTConfig.from_preset(s.preset, variant="xl", segment_len=s.segment_len,
+                                **{k: v for k, v in s.model_overrides.items() if k == "n_layers"})
+    reach = (cfg.model.n_layers + 1) * s.segment_len
+    lo = (reach + 1) // PASSAGE + 1
+    passages = s.seq_len // PASSAGE
+    if lo >= passages:
+        raise ValueError(f"a {s.seq_len}-token span holds {passages} passages, but far repeats must lie at least {lo} "
+                         f"passages back (xl's reach is (n_layers + 1) x segment_len = {reach} tokens): use a longer "
+                         f"--seq-len or a shorter --segment-len")
+    return lo, min(passages - 1, 2 * lo)
+
+
 def _spec(setting: str, s: CopyTestSettings) -> str:
-    docs = s.docs or s.steps * s.batch_size
-    p = f"&p={s.far_p:g}" if setting == "copy-far" else ""
-    return f"synthetic:{setting}?docs={docs}&eval_docs={s.eval_docs}&passages={s.seq_len // 128}{p}"
+    steps = max(s.steps, s.near_steps) if setting == "copy-near" else s.steps
+    docs = s.docs or steps * s.batch_size
+    extra = ""
+    if setting == "copy-far":
+        lo, hi = far_distance(s)
+        extra = f"&p={s.far_p:g}" + (f"&distance={lo}-{hi}" if (lo, hi) != (6, 12) else "")
+    return f"synthetic:{setting}?docs={docs}&eval_docs={s.eval_docs}&passages={s.seq_len // PASSAGE}{extra}"
 
 
 def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.data.prepare import prepare
 
-    root = s.out / "stores" / (setting + _far_tag(s) if setting == "copy-far" else setting)
     spec = _spec(setting, s)
+    docs = spec.split("docs=")[1].split("&")[0]  # one store per corpus: its size, tags and document count
+    root = s.out / "stores" / (setting + _size_tag(s) + (_far_tag(s) if setting == "copy-far" else "") + f"-{docs}docs")
     log.append(f"rpt prepare --corpus '{spec}' --out {root}")
     prepare(spec, "corpus", root, splits=["train", "test"], progress=s.progress)
     return root
@@ -81,8 +115,7 @@ def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.labels.pipeline import LabelSpec, label_split
     from rpt.train.data import open_store
 
-    out = root / "labels" / f"train-lex-{s.seq_len}" if s.label_query == "pair" else \
-        root / "labels" / f"train-lex-{s.seq_len}-{s.label_query}"
+    out = root / "labels" / (f"train-lex-{s.seq_len}-{s.segment_len}" + ("" if s.label_query == "pair" else f"-{s.label_query}"))
     if not (out / "manifest.json").exists():
         log.append(f"rpt label --store {root} --split train --kind lex --span {s.seq_len} --segment-len {s.segment_len} "
                    f"--query {s.label_query} --out {out}")
@@ -91,27 +124,66 @@ def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
     return out
 
 
-def _train(variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings, run: Path) -> Path:
+def _label_sem(root: Path, scorer_run: Path, s: CopyTestSettings, log: list[str]) -> tuple[Path | None, Path]:
+    """rpt-sem's training labels (if it runs) and the test documents' labels for the oracle, scored by `scorer_run`."""
+    from rpt.labels.pipeline import LabelSpec, label_split
+    from rpt.labels.scorer import rpt_checkpoint_scorer
+    from rpt.train.data import open_store
+
+    scorer = rpt_checkpoint_scorer(scorer_run)
+    outs = []
+    for split, span, n_docs in (("train", s.seq_len, None), ("test", None, s.eval_docs)):
+        if split == "train" and "rpt-sem" not in s.variants:
+            outs.append(None)
+            continue
+        name = f"{split}-sem-{span or 'doc'}-{s.segment_len}-k{s.scorer_k}-by-{scorer_run.name}"  # one folder per scorer
+        out = root / "labels" / name
+        if not (out / "manifest.json").exists():
+            log.append(f"rpt label --store {root} --split {split} --kind sem --span {span or 'doc'} --segment-len "
+                       f"{s.segment_len} --k {s.scorer_k} --scorer {scorer_run}" +
+                       (f" --max-documents {n_docs}" if n_docs else "") + f" --out {out}")
+            label_split(open_store(root, split), out, LabelSpec(kind="sem", span=span, segment_len=s.segment_len,
+                                                                k=s.scorer_k), scorer=scorer, max_documents=n_docs,
+                        progress=s.progress)
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+def near_segment(s: CopyTestSettings) -> int:
+    """The near control's segment: at least a passage, so a repeat one passage back lies inside one layer's window
+    (with shorter segments the token at a segment's start sees fewer than 128 tokens back)."""
+    return max(s.segment_len, PASSAGE)
+
+
+def _train(variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings, run: Path,
+           segment_len: int | None = None) -> Path:
     from rpt.config import RPTConfig
     from rpt.train.data import open_store
     from rpt.train.loop import train
 
     vocab = int(open_store(root, "train").tokenizer_id["vocab_size"])
     overrides = s.model_overrides if variant != "xl" else {}  # ablations concern CCA; xl runs are shared
-    cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=s.segment_len, **overrides)
+    cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=segment_len or s.segment_len,
+                                **overrides)
     cfg.data.seq_len, cfg.data.store = s.seq_len, str(root)
     t = cfg.train
     t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = s.steps, s.lr, s.warmup, s.batch_size, seed, str(run)
-    t.checkpoint_every, t.log_every = s.steps, 25
-    t.alpha_ramp_steps = max(1, s.steps // 5)
+    t.min_lr_ratio = s.min_lr_ratio
+    if segment_len is not None:  # the near control
+        t.steps = s.near_steps or s.steps
+    t.checkpoint_every, t.log_every = t.steps, 25
+    t.alpha_ramp_steps = max(1, t.steps // 5)
     train(cfg, root, labels, resume=True, progress=s.progress)
     return run
 
 
-def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int) -> dict[str, dict[str, float]]:
-    """Per source: mean NLL per chunk class over the first `n_docs` test documents, and hit@1 on repeat-tail chunks."""
+def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
+                  oracle_labels: Path | None = None) -> dict[str, dict[str, float]]:
+    """Per source: mean NLL per chunk class and over all tokens ("all") of the first `n_docs` test documents, and hit@1
+    on repeat-tail chunks. Source "oracle" reads the scorer's best candidates from `oracle_labels` (sem, span doc)."""
     from rpt.data.synthetic import CLASSES, copy_classes
-    from rpt.eval.perplexity import bm25_neighbors, evaluate_document
+    from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors
+    from rpt.labels.store import LabelStore
     from rpt.train.checkpoint import load_model
     from rpt.train.data import open_store
 
@@ -122,16 +194,22 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int) -> dic
     out: dict[str, dict[str, float]] = {}
     for src in sources:
         nll, cnt, hits, tails = np.zeros(len(CLASSES)), np.zeros(len(CLASSES)), 0, 0
+        total = np.zeros(2)  # NLL and tokens over every predicted token
+        labels = LabelStore.open(oracle_labels) if src == "oracle" else None
         for d in range(min(n_docs, len(store))):
             toks = np.asarray(store.document(d), dtype=np.int64)
             C = len(toks) // M
             nb = None
             if src == "bm25":
                 nb = bm25_neighbors(toks, M, S, K)
+            elif labels is not None:
+                rows = labels.rows(d)
+                nb = oracle_neighbors(rows.candidates, rows.target, K)
             elif src == "none" and cfg.model.uses_retrieval:
                 nb = np.full((C, K), -1, np.int64)
             ev = evaluate_document(model, toks, neighbor_ids=nb, n_neighbors=K)
             cls = copy_classes(toks, passage, M)
+            total += (ev.nll_sum, ev.n_targets)
             for c in range(len(CLASSES)):
                 m = cls == c
                 nll[c] += ev.chunk_nll[:C][m].sum()
@@ -143,6 +221,7 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int) -> dic
                     tails += 1
                     hits += int(0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]))
         row = {name: float(nll[c] / cnt[c]) if cnt[c] else float("nan") for c, name in enumerate(CLASSES)}
+        row["all"] = float(total[0] / total[1])
         row["advantage"] = row["fresh"] - row["repeat-tail"]
         if tails:
             row["hit@1"] = hits / tails
@@ -158,27 +237,49 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
     t0 = time.perf_counter()
     log: list[str] = []
     near, far = _prepare("copy-near", s, log), _prepare("copy-far", s, log)
-    labels = _label(far, s, log) if s.variants else None
+    labels = {v: _label(far, s, log) for v in s.variants if v in ("retro", "rpt-lex")}
+    oracle: Path | None = None
     runs: list[dict[str, Any]] = []
     for seed in s.seeds:
-        plan = [("near", "xl", near, None), ("far", "xl", far, None)] + [("far", v, far, labels) for v in s.variants]
-        for setting, variant, root, lab in plan:
+        plan = [("near", "xl", near), ("far", "xl", far)] + [("far", v, far) for v in s.variants]
+        for setting, variant, root in plan:
             tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
-            run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{tag}"
+            tag += (f"-{s.near_steps}steps" if setting == "near" and s.near_steps else "") + _lr_tag(s)
+            run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()
-            _train(variant, root, lab, seed, s, run)
+            _train(variant, root, labels.get(variant), seed, s, run, near_segment(s) if setting == "near" else None)
             seconds = time.perf_counter() - t
-            sources = ["none"] if variant == "xl" else [OWN_SOURCE[variant], "none"] + (["bm25"] if variant != "retro" else [])
-            res = evaluate_copy(run, root, sources, s.eval_docs)
+            if setting == "near" and seed == s.seeds[0] and s.variants:
+                # the first near control is the scoring LM: rpt-sem's training labels and the test oracle
+                labels["rpt-sem"], oracle = _label_sem(far, run, s, log)
+            sources = ["none"]
+            if variant != "xl":
+                sources = [OWN_SOURCE[variant], "none", "oracle"] + (["bm25"] if variant != "retro" else [])
+            res = evaluate_copy(run, root, sources, s.eval_docs, oracle)
             runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res})
             print(format_row(runs[-1]), flush=True)
     summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}, "runs": runs,
-               "commands": log, "seconds": time.perf_counter() - t0}
+               "commands": log, "seconds": time.perf_counter() - t0, "far_distance": list(far_distance(s))}
     summary["verdict"] = verdict(runs, s)
-    summary["path"] = str(s.out / f"copytest{_far_tag(s)}{_tag(s)}.json")
+    summary["path"] = str(summary_path(s))
     write_json_atomic(Path(summary["path"]), summary)
     print("\n" + format_table(summary))
     return summary
+
+
+def summary_path(s: CopyTestSettings) -> Path:
+    """Where a copy test with these settings writes its summary (one file per size, corpus and ablation)."""
+    return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{_tag(s)}{_lr_tag(s)}.json"
+
+
+def _lr_tag(s: CopyTestSettings) -> str:
+    return "" if s.min_lr_ratio == CopyTestSettings.min_lr_ratio else f"-minlr{s.min_lr_ratio:g}"
+
+
+def _size_tag(s: CopyTestSettings) -> str:
+    """Run suffix of a span / segment other than the default (one --out can hold several sizes, never mixed)."""
+    d = CopyTestSettings()
+    return "" if (s.seq_len, s.segment_len) == (d.seq_len, d.segment_len) else f"-{s.seq_len}x{s.segment_len}"
 
 
 def _far_tag(s: CopyTestSettings) -> str:
@@ -212,6 +313,12 @@ def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
         gain = _mean_sd([r["eval"]["none"]["repeat-tail"] - r["eval"][own[v]]["repeat-tail"]
                          for r in runs if r["setting"] == "far" and r["variant"] == v])
         out[f"{v} far advantage"], out[f"{v} far retrieval gain"] = a, gain
+        far_runs = [r["eval"] for r in runs if r["setting"] == "far" and r["variant"] == v]
+        # whole-document perplexity ratios, as the demo reports them: ppl(none) / ppl(own), ppl(none) / ppl(oracle)
+        out[f"{v} far ppl gain"] = _mean_sd([float(np.exp(e["none"]["all"] - e[own[v]]["all"])) for e in far_runs])
+        if all("oracle" in e for e in far_runs):
+            out[f"{v} far ppl gain, oracle"] = _mean_sd([float(np.exp(e["none"]["all"] - e["oracle"]["all"]))
+                                                         for e in far_runs])
         checks[f"{v} reaches half of xl's near advantage on far repeats"] = a[0] >= 0.5 * near[0]
         checks[f"{v} far gain comes from its neighbours"] = gain[0] >= 0.5 * near[0]
         if own[v] == "model":  # a trained retriever must find the source itself, not only read what it is handed
@@ -237,7 +344,9 @@ def format_table(summary: dict[str, Any]) -> str:
     n = len({r["seed"] for r in summary["runs"]})
     lines = [f"copy advantage = loss(fresh) - loss(repeat-tail), nats; mean ± sd over {n} seed(s)"]
     for k, val in v.items():
-        if isinstance(val, (list, tuple)):
+        if isinstance(val, (list, tuple)) and "ppl gain" in k:
+            lines.append(f"  {k:<36} {val[0]:6.2f}x ± {val[1]:.2f}")
+        elif isinstance(val, (list, tuple)):
             lines.append(f"  {k:<36} {val[0]:+.3f} ± {val[1]:.3f}")
     lines.append("checks:")
     lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in v["checks"].items()]

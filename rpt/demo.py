@@ -1,13 +1,17 @@
-"""`rpt demo`: the whole pipeline on real code (the Python standard library), with no download.
+"""`rpt demo`: the whole pipeline on real code (the Python standard library) and on the copy corpus, with no download.
 
-prepare -> train a small scoring LM -> label (BM25 candidates; scorer target scores) -> train xl, retro, rpt-lex and
-rpt-sem on the same tokens -> evaluate (perplexity, oracle, retrieval metrics against BM25) -> one table, plots and an
-explorer page. Every step is an `rpt` verb; the demo prints each command, so it doubles as a worked example.
+Code: prepare -> train a small scoring LM -> label (BM25 candidates; scorer target scores) -> train xl, retro, rpt-lex
+and rpt-sem on the same tokens -> evaluate (perplexity, oracle, retrieval metrics against BM25) -> one table, plots
+and an explorer page.
+Copy corpus (`rpt copytest` at a demo size): xl, retro and rpt-sem on documents whose repeats lie beyond xl's reach,
+so any gain there comes through retrieval; the table gives each retrieving variant's gain without / with neighbours.
+Every step is an `rpt` verb; the demo prints each command, so it doubles as a worked example.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from dataclasses import dataclass
@@ -17,6 +21,8 @@ from typing import Any
 from rpt.utils import UserError, require, save_figure, write_json_atomic
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
+# the copy part's size: 1,024-token documents, 64-token segments (xl's reach 320 tokens, repeats 384-768 back)
+COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 8, "min_lr_ratio": 1.0}
 
 
 @dataclass
@@ -36,16 +42,19 @@ class DemoSettings:
     threads: int = 0  # 0: torch default
     progress: bool = True
     seeds: tuple[int, ...] = (0, 1, 2)  # paired seeds: every variant of a seed starts from the same weights
+    copy_steps: int = 200  # updates per copy-corpus run (0: no copy part)
+    copy_near_steps: int = 500  # updates of the copy part's near control, rpt-sem's scoring LM there
+    copy_variants: tuple[str, ...] = ("retro", "rpt-sem")
 
 
-def _run(argv: list[str], log: list[str]) -> None:
+def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
     from rpt.cli import main
 
     line = "rpt " + " ".join(shlex.quote(a) for a in argv)
     print(f"\n$ {line}", flush=True)
     log.append(line)
     code = main(argv)
-    if code:
+    if code not in ok:
         raise UserError(f"step failed (exit {code}): {line}")
 
 
@@ -121,7 +130,23 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     timed("explore", ["explore", "--checkpoint", str(runs / first["rpt-sem"]), "--store", str(store), "--split", "test",
                       "--doc", "0", "--labels", str(test_sem), "--out", str(res / "explore.html")])
 
+    # 5. the copy corpus: repeats beyond xl's reach, so only retrieval can predict them (rpt/copytest.py)
+    copy, t_copy = None, time.perf_counter()
+    if s.copy_steps:
+        from rpt.copytest import CopyTestSettings, summary_path
+
+        cs = CopyTestSettings(out=out / "copy", steps=s.copy_steps, near_steps=s.copy_near_steps, variants=s.copy_variants,
+                              seeds=s.seeds, **COPY_SIZE)
+        size = [a for k, v in COPY_SIZE.items() for a in ("--" + k.replace("_", "-"), f"{v:g}")]
+        _run(["copytest", "--out", str(cs.out), *size, "--steps", str(cs.steps), "--near-steps", str(cs.near_steps),
+              "--variants", ",".join(cs.variants), "--seeds", ",".join(map(str, cs.seeds)), *thr, *prog], commands,
+             ok=(0, 1))  # 1: a check failed, which the table reports
+        timings["copytest"] = time.perf_counter() - t_copy
+        copy = _load(summary_path(cs))
+
     summary = summarize(runs, res, s)
+    if copy is not None:
+        summary["copy"] = summarize_copy(copy)
     summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     summary["total_s"] = round(time.perf_counter() - t_all, 1)
     summary["commands"] = commands
@@ -208,6 +233,32 @@ def summarize(runs: Path, res: Path, s: DemoSettings) -> dict[str, Any]:
     return {"rows": rows, "seeds": list(s.seeds)}
 
 
+def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
+    """Rows of the copy part from `rpt copytest`'s summary: per model, mean ± sd over seeds of the whole-document
+    perplexity with its own neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), and the
+    copy advantage loss(fresh) - loss(repeat-tail) in nats."""
+    from rpt.copytest import OWN_SOURCE
+
+    rows: dict[str, Any] = {}
+    for setting, variant in [("near", "xl"), ("far", "xl")] + [("far", v) for v in copy["settings"]["variants"]]:
+        evals = [r["eval"] for r in copy["runs"] if r["setting"] == setting and r["variant"] == variant]
+        if not evals:
+            continue
+        own = OWN_SOURCE.get(variant, "none")
+        row: dict[str, Any] = {"perplexity": _mean_sd([math.exp(e[own]["all"]) for e in evals]),
+                               "advantage": _mean_sd([e[own]["advantage"] for e in evals])}
+        if own != "none":
+            row["retrieval_gain"] = _mean_sd([math.exp(e["none"]["all"] - e[own]["all"]) for e in evals])
+            if all("oracle" in e for e in evals):
+                row["oracle_gain"] = _mean_sd([math.exp(e["none"]["all"] - e["oracle"]["all"]) for e in evals])
+            if all("hit@1" in e[own] for e in evals):
+                row["source_at_1"] = _mean_sd([e[own]["hit@1"] for e in evals])
+        rows[f"{variant} ({setting})"] = row
+    lo, hi = copy.get("far_distance", [0, 0])
+    return {"rows": rows, "passed": copy["verdict"]["passed"], "far_distance": [lo, hi],
+            "seeds": sorted({r["seed"] for r in copy["runs"]})}
+
+
 def format_table(summary: dict[str, Any]) -> str:
     def pct(x: Any) -> str:
         return f"{100 * x:5.1f}%" if isinstance(x, (int, float)) else "    - "
@@ -227,6 +278,17 @@ def format_table(summary: dict[str, Any]) -> str:
                      f"{ms(r.get('oracle_gain'), '{:.3f}'):>15}{ms(r.get('time_per_update_vs_xl')):>15}   "
                      f"{pct(m.get('precision@2'))} {pct(m.get('recall@10'))} {pct(m.get('ndcg@20')):>7}   "
                      f"{pct(b.get('precision@2')):>8} {pct(b.get('recall@10'))} {pct(b.get('ndcg@20')):>7}")
+    copy = summary.get("copy")
+    if copy:
+        lo, hi = copy["far_distance"]
+        lines += ["", f"copy corpus: repeats {lo}-{hi} passages ({128 * lo}-{128 * hi} tokens) back (far), beyond xl's "
+                  f"reach, or 1 back (near, the control); mean ± sd over {len(copy['seeds'])} paired seed(s)",
+                  f"{'model':<15}{'ppl':>17}{'gain':>15}{'oracle gain':>15}{'copy adv (nats)':>18}{'source@1':>15}"]
+        for name, r in copy["rows"].items():
+            lines.append(f"{name:<15}{ms(r['perplexity']):>17}{ms(r.get('retrieval_gain'), '{:.3f}'):>15}"
+                         f"{ms(r.get('oracle_gain'), '{:.3f}'):>15}{ms(r['advantage'], '{:+.2f}'):>18}"
+                         f"{ms(r.get('source_at_1'), '{:.2f}'):>15}")
+        lines.append(f"copy test {'PASSED' if copy['passed'] else 'FAILED'} (rpt copytest's checks)")
     return "\n".join(lines)
 
 

@@ -5,23 +5,38 @@ import json
 import pytest
 
 from rpt.cli import main
-from rpt.copytest import CopyTestSettings, run_copytest
+from rpt.copytest import CopyTestSettings, far_distance, run_copytest
 
 
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
-    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=2, eval_docs=2, variants=("retro", "rpt-lex"),
-                         progress=False)
+    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=2, eval_docs=2, progress=False,
+                         variants=("retro", "rpt-lex", "rpt-sem"), near_steps=4)
     summary = run_copytest(s)
     runs = {(r["setting"], r["variant"]) for r in summary["runs"]}
-    assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-lex")}
+    assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-lex"), ("far", "rpt-sem")}
     far_lex = next(r for r in summary["runs"] if r["variant"] == "rpt-lex")
-    assert set(far_lex["eval"]) == {"model", "none", "bm25"} and "hit@1" in far_lex["eval"]["model"]
+    assert set(far_lex["eval"]) == {"model", "none", "bm25", "oracle"} and "hit@1" in far_lex["eval"]["model"]
+    assert all(set(e) >= {"fresh", "repeat-head", "repeat-tail", "all", "advantage"} for e in far_lex["eval"].values())
     assert set(summary["verdict"]["checks"]) >= {"xl copies near repeats", "retro far gain comes from its neighbours",
-                                                 "rpt-lex's retriever ranks the source first for most far repeats"}
+                                                 "rpt-lex's retriever ranks the source first for most far repeats",
+                                                 "rpt-sem's retriever ranks the source first for most far repeats"}
+    assert {"retro far ppl gain", "rpt-sem far ppl gain, oracle"} <= set(summary["verdict"])
     far_cmd, near_cmd = (next(c for c in summary["commands"] if f"synthetic:{k}" in c) for k in ("copy-far", "copy-near"))
     assert "p=1" in far_cmd and "p=" not in near_cmd  # far repeats every passage from the 7th on; near keeps 0.5
+    assert "docs=8&" in near_cmd and "docs=6&" in far_cmd  # the near control's 4 updates see fresh documents too
+    # rpt-sem's labels and the oracle are scored by the (first) near control, and say so in their folder name
+    sem = [c for c in summary["commands"] if "--kind sem" in c]
+    assert len(sem) == 2 and all("--scorer " + str(tmp_path / "ct" / "runs" / "near-xl-seed0-4steps") in c for c in sem)
     assert not summary["verdict"]["passed"]  # 3 updates teach nothing: the test can fail
     assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
+
+
+def test_far_repeats_lie_beyond_xl_reach_for_any_segment_and_span():
+    # tiny: 4 layers; reach (4 + 1) x segment tokens; a repeat d passages back copies a token d x 128 - 1 back
+    assert far_distance(CopyTestSettings()) == (6, 12)  # 640 tokens: 768-1,536 back, inside 2,048
+    assert far_distance(CopyTestSettings(seq_len=1024, segment_len=64)) == (3, 6)  # 320 tokens: 384-768 back
+    with pytest.raises(ValueError, match="longer --seq-len"):
+        far_distance(CopyTestSettings(seq_len=768, segment_len=128))
 
 
 def test_a_far_corpus_other_than_the_default_gets_its_own_store_and_runs():
@@ -30,11 +45,14 @@ def test_a_far_corpus_other_than_the_default_gets_its_own_store_and_runs():
     assert _far_tag(CopyTestSettings()) == "" and _far_tag(CopyTestSettings(far_p=0.5)) == "-p0.5"
 
 
-def test_copytest_cli_rejects_bad_variants(tmp_path, capsys):
-    assert main(["copytest", "--out", str(tmp_path), "--variants", "rpt-sem"]) == 2
-    assert "--variants" in capsys.readouterr().err
-    assert main(["copytest", "--out", str(tmp_path), "--far-p", "1.5"]) == 2
-    assert "--far-p" in capsys.readouterr().err
+def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
+    for argv, flag in [(["--variants", "xl"], "--variants"), (["--far-p", "1.5"], "--far-p"),
+                       (["--seq-len", "1000"], "--seq-len"), (["--segment-len", "96"], "--segment-len"),
+                       (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
+                       (["--scorer-k", "0"], "--scorer-k")]:
+        assert main(["copytest", "--out", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert flag in err and len(err.strip().splitlines()) == 1, (argv, err)
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from rpt.cli import main
 def test_demo_and_bench_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     code = main(["demo", "--out", str(out), "--max-documents", "3", "--eval-documents", "1", "--steps", "6",
-                 "--scorer-steps", "4", "--k", "4", "--seeds", "0,1", "--no-progress"])
+                 "--scorer-steps", "4", "--k", "4", "--seeds", "0,1", "--copy-steps", "2", "--copy-near-steps", "3",
+                 "--no-progress"])
     assert code == 0
     res = out / "results"
     summary = json.loads((res / "demo.json").read_text())
@@ -23,8 +24,15 @@ def test_demo_and_bench_end_to_end(tmp_path, capsys):
     assert "precision@2" in rows["rpt-sem"]["model"] and "precision@2" in rows["rpt-sem"]["bm25"]
     for f in ("loss_curves.png", "supervision_quality.png", "token_overlap.png", "subgroups.png", "explore.html"):
         assert (res / f).stat().st_size > 1000, f
+    copy = summary["copy"]["rows"]  # the copy part: xl near (control), xl / retro / rpt-sem far, over both seeds
+    assert set(copy) == {"xl (near)", "xl (far)", "retro (far)", "rpt-sem (far)"}
+    assert copy["xl (near)"]["perplexity"]["n"] == 2 and "retrieval_gain" not in copy["xl (far)"]
+    for v in ("retro (far)", "rpt-sem (far)"):
+        assert copy[v]["retrieval_gain"]["n"] == 2 and copy[v]["oracle_gain"]["n"] == 2, v
+    assert "source_at_1" in copy["rpt-sem (far)"] and summary["copy"]["far_distance"] == [3, 6]
     text = capsys.readouterr().out
     assert "$ rpt prepare" in text and "$ rpt train" in text and "oracle gain" in text and "± " in text
+    assert "$ rpt copytest" in text and "copy corpus: repeats 3-6 passages" in text
 
     bench = tmp_path / "bench.json"
     code = main(["bench", "--store", str(out / "store"), "--steps", "5", "--eval-lengths", "512,1024",

@@ -1,11 +1,12 @@
-"""`rpt copytest`: does retrieval work? xl copies near repeats; retro and rpt-lex must copy far ones (rpt/copytest.py)."""
+"""`rpt copytest`: does retrieval work? xl copies near repeats; retro, rpt-lex and rpt-sem must copy far ones
+(rpt/copytest.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-HELP = "the copy test: xl on near repeats (control) and xl / retro / rpt-lex on repeats beyond xl's reach, per seed"
+HELP = "the copy test: xl on near repeats (control); xl and retrieving variants on repeats beyond xl's reach, per seed"
 ORDER = 75
 
 
@@ -16,12 +17,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for stores, runs and copytest.json (default {d.out})")
     p.add_argument("--steps", type=int, default=d.steps, help=f"updates per run (default {d.steps})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio,
+                   help=f"cosine decay to this fraction of --lr; 1 keeps it constant after warm-up (default {d.min_lr_ratio})")
+    p.add_argument("--near-steps", type=int, default=d.near_steps,
+                   help="updates of the near control, which is also rpt-sem's scoring LM (default: --steps)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per update (default {d.batch_size})")
+    p.add_argument("--seq-len", type=int, default=d.seq_len,
+                   help=f"tokens per document and training span, a multiple of 128 (default {d.seq_len})")
+    p.add_argument("--segment-len", type=int, default=d.segment_len,
+                   help=f"model.segment_len; far repeats lie beyond (n_layers + 1) x segment_len tokens (default "
+                   f"{d.segment_len})")
+    p.add_argument("--scorer-k", type=int, default=d.scorer_k,
+                   help=f"BM25 candidates scored per query chunk for rpt-sem's labels and the oracle (default {d.scorer_k})")
     p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated seeds, e.g. 0,1,2 (default 0)")
     p.add_argument("--variants", default=",".join(d.variants),
-                   help="retrieving variants trained on the far corpus, comma-separated (default retro,rpt-lex)")
+                   help="retrieving variants trained on the far corpus, comma-separated, from retro, rpt-lex, rpt-sem "
+                   "(default retro,rpt-lex; xl always runs)")
     p.add_argument("--far-p", type=float, default=d.far_p,
-                   help=f"probability that a far passage (from the 7th on) repeats an earlier one (default {d.far_p:g})")
+                   help=f"probability that a far passage (one far enough from the start) repeats an earlier one "
+                   f"(default {d.far_p:g})")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model config field for every run (ablations), e.g. --set cca_positions=false")
@@ -37,16 +51,27 @@ def run(args: argparse.Namespace) -> int:
 
     from rpt.cli import UserError
     from rpt.config import VARIANTS
-    from rpt.copytest import CopyTestSettings, run_copytest
+    from rpt.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.utils import parse_seeds
 
     seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    bad = [v for v in variants if v not in VARIANTS or v in ("xl", "rpt-sem")]
+    bad = [v for v in variants if v not in VARIANTS or v == "xl"]
     if bad:
-        raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex (xl always runs; rpt-sem needs a scorer)")
+        raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex, rpt-sem (xl always runs)")
     if not 0.0 <= args.far_p <= 1.0:
         raise UserError(f"--far-p {args.far_p:g}: a probability in [0, 1]")
+    if args.seq_len <= 0 or args.seq_len % 128:
+        raise UserError(f"--seq-len {args.seq_len}: a positive multiple of 128 (the passage length)")
+    if args.segment_len <= 0 or args.segment_len % 64 or args.seq_len % args.segment_len:
+        raise UserError(f"--segment-len {args.segment_len}: a positive multiple of 64 (the chunk size) that divides "
+                        f"--seq-len {args.seq_len}")
+    if not 0.0 < args.min_lr_ratio <= 1.0:
+        raise UserError(f"--min-lr-ratio {args.min_lr_ratio:g}: a fraction in (0, 1]")
+    if args.near_steps < 0:
+        raise UserError(f"--near-steps {args.near_steps}: 0 (same as --steps) or more")
+    if args.scorer_k < 1:
+        raise UserError(f"--scorer-k {args.scorer_k}: at least 1")
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -54,9 +79,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--set {item}: expected KEY=VALUE (a model field, e.g. cca_positions=false)")
         overrides[key.strip().removeprefix("model.")] = yaml.safe_load(value)
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
+                         seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
+                         min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps,
                          variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
                          progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query)
+    try:
+        far_distance(s)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     summary = run_copytest(s)
     print(f"wrote {summary['path']}")
     return 0 if summary["verdict"]["passed"] else 1
