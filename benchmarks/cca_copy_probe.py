@@ -11,6 +11,8 @@ the oracle neighbour of every repeated chunk, so only CCA is on trial. Prints th
                                                                                # every far passage repeated
     python benchmarks/cca_copy_probe.py align=tail p=1 cca_rel_bias_init=zero  # without the relative-bias prior
     python benchmarks/cca_copy_probe.py align=tail bias_lr=30                  # the bias learning 30x faster instead
+    python benchmarks/cca_copy_probe.py align=tail p=1 passages=8 distance=3-6 segment_len=64 batch=2
+                                                    # 1,024-token documents, the demo's copy size (repeats 384+ back)
 """
 
 from __future__ import annotations
@@ -55,18 +57,19 @@ def main(argv: list[str]) -> None:
     steps, lr = int(kw.pop("steps", 300)), float(kw.pop("lr", 1e-2))
     variant, near, align = kw.pop("variant", "retro"), kw.pop("near", "0") == "1", kw.pop("align", "cont")
     batch, threads = int(kw.pop("batch", 4)), int(kw.pop("threads", 2))
+    seed = int(kw.pop("seed", 0))  # starting weights and documents
     bias_lr = float(kw.pop("bias_lr", 1))  # learning-rate multiplier of CCA's relative-offset bias
     torch.set_num_threads(threads)
     p_repeat = float(kw.pop("p", 0.5))
     passages = int(kw.pop("passages", 16))  # 128-token passages per document (16: 2,048-token documents)
     lo, hi = (int(v) for v in kw.pop("distance", "1-1" if near else "6-12").split("-"))  # repeat distance, passages
     cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=VOCAB, **{k: yaml.safe_load(v) for k, v in kw.items()})
-    model = RPT(cfg, seed=0)
+    model = RPT(cfg, seed=seed)
     fast = [p for n, p in model.named_parameters() if n.endswith("rel_bias")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("rel_bias")]
     opt = torch.optim.AdamW([{"params": rest}, {"params": fast, "lr": lr * bias_lr}], lr=lr, betas=(0.9, 0.95))
     spec = CopySpec(passages=passages, min_distance=lo, max_distance=hi, p_repeat=p_repeat)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     for s in range(steps):
         docs = np.stack([copy_document(rng, spec) for _ in range(batch)])

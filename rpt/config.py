@@ -45,6 +45,7 @@ class ModelConfig:
     cca_context_norm: bool = True  # RMSNorm on neighbour states before CCA's key/value projection
     cca_rel_bias: bool = True  # a learned CCA logit bias per head and relative offset (neighbour index - query offset)
     cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
+    cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16 = one-hot in head 0 (docs/results.md)
     cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)

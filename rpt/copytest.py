@@ -56,6 +56,7 @@ class CopyTestSettings:
     warmup: int = 30
     min_lr_ratio: float = 0.1  # cosine decay to this fraction of lr (1: constant after warmup, for short runs)
     near_steps: int = 0  # updates of the near control, which is also rpt-sem's scoring LM (0: steps)
+    near_every_seed: bool = True  # False: the near control (and scorer) runs for the first seed only
     batch_size: int = 4
     seq_len: int = 2048
     segment_len: int = 128
@@ -241,10 +242,12 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
     oracle: Path | None = None
     runs: list[dict[str, Any]] = []
     for seed in s.seeds:
-        plan = [("near", "xl", near), ("far", "xl", far)] + [("far", v, far) for v in s.variants]
+        plan = [("near", "xl", near)] if s.near_every_seed or seed == s.seeds[0] else []
+        plan += [("far", "xl", far)] + [("far", v, far) for v in s.variants]
         for setting, variant, root in plan:
             tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
-            tag += (f"-{s.near_steps}steps" if setting == "near" and s.near_steps else "") + _lr_tag(s)
+            steps = s.near_steps or s.steps if setting == "near" else s.steps
+            tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s)  # a run resumes its own
             run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()
             _train(variant, root, labels.get(variant), seed, s, run, near_segment(s) if setting == "near" else None)

@@ -27,6 +27,7 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     # rpt-sem's labels and the oracle are scored by the (first) near control, and say so in their folder name
     sem = [c for c in summary["commands"] if "--kind sem" in c]
     assert len(sem) == 2 and all("--scorer " + str(tmp_path / "ct" / "runs" / "near-xl-seed0-4steps") in c for c in sem)
+    assert (tmp_path / "ct" / "runs" / "far-rpt-sem-seed0-3steps").is_dir()  # runs of other lengths never mix
     assert not summary["verdict"]["passed"]  # 3 updates teach nothing: the test can fail
     assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
 

@@ -24,9 +24,9 @@ def test_demo_and_bench_end_to_end(tmp_path, capsys):
     assert "precision@2" in rows["rpt-sem"]["model"] and "precision@2" in rows["rpt-sem"]["bm25"]
     for f in ("loss_curves.png", "supervision_quality.png", "token_overlap.png", "subgroups.png", "explore.html"):
         assert (res / f).stat().st_size > 1000, f
-    copy = summary["copy"]["rows"]  # the copy part: xl near (control), xl / retro / rpt-sem far, over both seeds
+    copy = summary["copy"]["rows"]  # the copy part: xl near (control and scorer, first seed), xl / retro / rpt-sem far
     assert set(copy) == {"xl (near)", "xl (far)", "retro (far)", "rpt-sem (far)"}
-    assert copy["xl (near)"]["perplexity"]["n"] == 2 and "retrieval_gain" not in copy["xl (far)"]
+    assert copy["xl (near)"]["perplexity"]["n"] == 1 and "retrieval_gain" not in copy["xl (far)"]
     for v in ("retro (far)", "rpt-sem (far)"):
         assert copy[v]["retrieval_gain"]["n"] == 2 and copy[v]["oracle_gain"]["n"] == 2, v
     assert "source_at_1" in copy["rpt-sem (far)"] and summary["copy"]["far_distance"] == [3, 6]

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--far-p", type=float, default=d.far_p,
                    help=f"probability that a far passage (one far enough from the start) repeats an earlier one "
                    f"(default {d.far_p:g})")
+    p.add_argument("--near-first-seed-only", action="store_true",
+                   help="run the near control (and rpt-sem's scorer) for the first seed only")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a model config field for every run (ablations), e.g. --set cca_positions=false")
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
                          min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps,
+                         near_every_seed=not args.near_first_seed_only,
                          variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
                          progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query)

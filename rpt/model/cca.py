@@ -64,12 +64,15 @@ class NeighbourKV:
         return NeighbourKV(cat("states"), cat("mask"), cat("bias"), cat("scale"), first_block)
 
 
-def rel_bias_prior(n_heads: int, M: int, kind: str) -> torch.Tensor:
+def rel_bias_prior(n_heads: int, M: int, kind: str, scale: float = 1.0) -> torch.Tensor:
     """Starting values of CCA's relative-offset bias [H, 3M - 1]; index i is the offset d = i - (2M - 2) of a key from
     the query's aligned position (d = 0: the neighbour token at the query's own position, whose shifted value is the
     token that followed it). "zero": no preference. "alibi": -slope_h * |d| with ALiBi's geometric slopes
     2^(-8 (h+1) / H) (Press et al., 2022), so each head starts out reading near the aligned position, from sharply
-    (slope 2^(-8/H)) to almost uniformly (2^-8).
+    (slope 2^(-8/H)) to almost uniformly (2^-8). `scale` multiplies every slope: with 16 (the default,
+    `cca_rel_bias_scale`) and H = 4 the slopes are 4, 1, 1/4, 1/16 — head 0 starts out reading the aligned token
+    alone, so CCA copies from the first updates where its neighbour holds the source (on the copy probe, the ln(V)
+    plateau fell from ~100-150 updates to <= 50, three seeds; docs/results.md §0).
 
     Why a prior: with a flat start, CCA's attention spreads over all K * 2M neighbour tokens, the right one carries
     1/(2KM) of the output, and the value/output path that would have to learn to carry a token's identity gets no
@@ -79,7 +82,7 @@ def rel_bias_prior(n_heads: int, M: int, kind: str) -> torch.Tensor:
         return torch.zeros(n_heads, 3 * M - 1)
     if kind != "alibi":
         raise ValueError(f"rel_bias_init must be 'zero' or 'alibi', got {kind!r}")
-    slopes = 2.0 ** (-8.0 * torch.arange(1, n_heads + 1) / n_heads)
+    slopes = scale * 2.0 ** (-8.0 * torch.arange(1, n_heads + 1) / n_heads)
     d = torch.arange(3 * M - 1) - (2 * M - 2)
     return -slopes[:, None] * d.abs()[None, :].float()
 
@@ -96,7 +99,7 @@ class ChunkedCrossAttention(nn.Module):
 
     def __init__(self, dim: int, n_heads: int, chunk_size: int, dropout: float, rope_base: float = 10000.0,
                  positions: bool = True, eps: float = 1e-6, ctx_norm: bool = True, rel_bias: bool = False,
-                 shift_values: bool = False, rel_bias_init: str = "alibi") -> None:
+                 shift_values: bool = False, rel_bias_init: str = "alibi", rel_bias_scale: float = 1.0) -> None:
         super().__init__()
         self.M, self.H = chunk_size, n_heads
         self.attn = Attention(dim, n_heads, dropout)  # its q / kv / out projections; the attention itself is below
@@ -107,7 +110,7 @@ class ChunkedCrossAttention(nn.Module):
         # projected as they are, CCA's keys and values start ~100x smaller than self-attention's and its gradients
         # vanish with them. Pre-norm them like every other attention input.
         self.ctx_norm = RMSNorm(dim, eps) if ctx_norm else None
-        self.rel_bias = nn.Parameter(rel_bias_prior(n_heads, chunk_size, rel_bias_init)) if rel_bias else None
+        self.rel_bias = nn.Parameter(rel_bias_prior(n_heads, chunk_size, rel_bias_init, rel_bias_scale)) if rel_bias else None
 
     def forward(self, x: torch.Tensor, nkv: NeighbourKV, start: int) -> torch.Tensor:
         """x [B, n, D] holds tokens start ... start+n-1 -> [B, n, D]."""

@@ -75,7 +75,7 @@ class DecoderLayer(nn.Module):
         self.cca_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if with_cca else None
         self.cca = (ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout, cfg.rope_base, cfg.cca_positions,
                                           cfg.norm_eps, cfg.cca_context_norm, cfg.cca_rel_bias, cfg.cca_shift_values,
-                                          cfg.cca_rel_bias_init)
+                                          cfg.cca_rel_bias_init, cfg.cca_rel_bias_scale)
                     if with_cca else None)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.dropout)

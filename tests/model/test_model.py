@@ -293,7 +293,7 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
     init_weights keeps it (paired initialisation redraws matrices, not this prior); zero gives a flat start."""
     from rpt.model.cca import rel_bias_prior
 
-    prior = rel_bias_prior(4, M, "alibi")
+    prior = rel_bias_prior(4, M, "alibi", scale=16.0)
     assert prior.shape == (4, 3 * M - 1)
     assert (prior.argmax(1) == 2 * M - 2).all() and (prior[:, 2 * M - 2] == 0).all()
     slopes = -(prior[:, 2 * M - 1])  # offset +1
@@ -304,3 +304,7 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
             torch.testing.assert_close(model.layers[layer].cca.rel_bias.detach(), want)
     with pytest.raises(ValueError, match="rel_bias_init"):
         rel_bias_prior(4, M, "gaussian")
+    # cca_rel_bias_scale (default 16) multiplies every slope: ALiBi's own slopes with scale 1
+    flat = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_rel_bias_scale=1.0), seed=3)
+    torch.testing.assert_close(flat.layers[2].cca.rel_bias.detach() * 16, prior)
+    assert prior[0, 2 * M - 1] == -4.0  # head 0: slope 16 * 2^-2, so the aligned key outweighs its neighbours e^4-fold
