@@ -259,7 +259,8 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
             if variant != "xl":
                 sources = [OWN_SOURCE[variant], "none", "oracle"] + (["bm25"] if variant != "retro" else [])
             res = evaluate_copy(run, root, sources, s.eval_docs, oracle)
-            runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res})
+            runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res,
+                         "run": str(run), "store": str(root)})
             print(format_row(runs[-1]), flush=True)
     summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}, "runs": runs,
                "commands": log, "seconds": time.perf_counter() - t0, "far_distance": list(far_distance(s))}

@@ -22,7 +22,7 @@ from rpt.utils import UserError, require, save_figure, write_json_atomic
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
 # the copy part's size: 1,024-token documents, 64-token segments (xl's reach 320 tokens, repeats 384-768 back)
-COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 6, "min_lr_ratio": 1.0, "scorer_k": 2}
+COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 4, "min_lr_ratio": 1.0, "scorer_k": 2}
 
 
 @dataclass
@@ -31,19 +31,19 @@ class DemoSettings:
     corpus: str = "stdlib"
     tokenizer: str = "bpe:2048"
     max_documents: int = 12  # training documents (per split) kept by `rpt prepare`
-    eval_documents: int = 3  # test documents evaluated
+    eval_documents: int = 2  # test documents evaluated
     seq_len: int = 1024
     segment_len: int = 128
-    steps: int = 100  # updates per variant and seed
+    steps: int = 80  # updates per variant and seed
     lr: float = 0.0  # peak learning rate of the code part (0: the tiny preset's, 3e-3)
     batch_size: int = 2
-    scorer_steps: int = 300
+    scorer_steps: int = 200
     scorer: str = "own"  # own (a small LM trained first) | smollm2 | a Hugging Face name/path
-    k: int = 10  # BM25 candidates per chunk
+    k: int = 6  # BM25 candidates per chunk
     threads: int = 0  # 0: torch default
     progress: bool = True
     seeds: tuple[int, ...] = (0, 1, 2)  # paired seeds: every variant of a seed starts from the same weights
-    copy_steps: int = 200  # updates per copy-corpus run (0: no copy part)
+    copy_steps: int = 100  # updates per copy-corpus run (0: no copy part)
     copy_near_steps: int = 400  # updates of the copy part's near control, rpt-sem's scoring LM there
     copy_variants: tuple[str, ...] = ("retro", "rpt-sem")
 
