@@ -91,22 +91,30 @@ def far_distance(s: CopyTestSettings) -> tuple[int, int]:
     return lo, min(passages - 1, 2 * lo)
 
 
+def _steps(setting: str, s: CopyTestSettings) -> int:
+    """Updates of a run in `setting` (near | far): the near control may train longer (it is also rpt-sem's scorer)."""
+    return (s.near_steps or s.steps) if setting == "near" else s.steps
+
+
+def _docs(setting: str, s: CopyTestSettings) -> int:
+    """Training documents of a corpus (copy-near | copy-far): enough that no run sees one twice."""
+    return s.docs or _steps(setting.removeprefix("copy-"), s) * s.batch_size
+
+
 def _spec(setting: str, s: CopyTestSettings) -> str:
-    steps = max(s.steps, s.near_steps) if setting == "copy-near" else s.steps
-    docs = s.docs or steps * s.batch_size
     extra = ""
     if setting == "copy-far":
         lo, hi = far_distance(s)
         extra = f"&p={s.far_p:g}" + (f"&distance={lo}-{hi}" if (lo, hi) != (6, 12) else "")
-    return f"synthetic:{setting}?docs={docs}&eval_docs={s.eval_docs}&passages={s.seq_len // PASSAGE}{extra}"
+    return f"synthetic:{setting}?docs={_docs(setting, s)}&eval_docs={s.eval_docs}&passages={s.seq_len // PASSAGE}{extra}"
 
 
 def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.data.prepare import prepare
 
     spec = _spec(setting, s)
-    docs = spec.split("docs=")[1].split("&")[0]  # one store per corpus: its size, tags and document count
-    root = s.out / "stores" / (setting + _size_tag(s) + (_far_tag(s) if setting == "copy-far" else "") + f"-{docs}docs")
+    tags = _size_tag(s) + (_far_tag(s) if setting == "copy-far" else "") + f"-{_docs(setting, s)}docs"
+    root = s.out / "stores" / (setting + tags)  # one store per corpus: its size, tags and document count
     log.append(f"rpt prepare --corpus '{spec}' --out {root}")
     prepare(spec, "corpus", root, splits=["train", "test"], progress=s.progress)
     return root
@@ -156,22 +164,21 @@ def near_segment(s: CopyTestSettings) -> int:
     return max(s.segment_len, PASSAGE)
 
 
-def _train(variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings, run: Path,
-           segment_len: int | None = None) -> Path:
+def _train(setting: str, variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings,
+           run: Path) -> Path:
     from rpt.config import RPTConfig
     from rpt.train.data import open_store
     from rpt.train.loop import train
 
     vocab = int(open_store(root, "train").tokenizer_id["vocab_size"])
     overrides = s.model_overrides if variant != "xl" else {}  # ablations concern CCA; xl runs are shared
-    cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=segment_len or s.segment_len,
-                                **overrides)
+    segment_len = near_segment(s) if setting == "near" else s.segment_len
+    cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=segment_len, **overrides)
     cfg.data.seq_len, cfg.data.store = s.seq_len, str(root)
     t = cfg.train
-    t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = s.steps, s.lr, s.warmup, s.batch_size, seed, str(run)
+    t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = (_steps(setting, s), s.lr, s.warmup, s.batch_size,
+                                                                      seed, str(run))
     t.min_lr_ratio = s.min_lr_ratio
-    if segment_len is not None:  # the near control
-        t.steps = s.near_steps or s.steps
     t.checkpoint_every, t.log_every = t.steps, 25
     t.alpha_ramp_steps = max(1, t.steps // 5)
     train(cfg, root, labels, resume=True, progress=s.progress)
@@ -246,11 +253,11 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
         plan += [("far", "xl", far)] + [("far", v, far) for v in s.variants]
         for setting, variant, root in plan:
             tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
-            steps = s.near_steps or s.steps if setting == "near" else s.steps
+            steps = _steps(setting, s)
             tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s)  # a run resumes its own
             run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()
-            _train(variant, root, labels.get(variant), seed, s, run, near_segment(s) if setting == "near" else None)
+            _train(setting, variant, root, labels.get(variant), seed, s, run)
             seconds = time.perf_counter() - t
             if setting == "near" and seed == s.seeds[0] and s.variants:
                 # the first near control is the scoring LM: rpt-sem's training labels and the test oracle
@@ -326,7 +333,7 @@ def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
         checks[f"{v} reaches half of xl's near advantage on far repeats"] = a[0] >= 0.5 * near[0]
         checks[f"{v} far gain comes from its neighbours"] = gain[0] >= 0.5 * near[0]
         if own[v] == "model":  # a trained retriever must find the source itself, not only read what it is handed
-            hit = _mean_sd([r["eval"]["model"].get("hit@1", 0.0) for r in runs if r["setting"] == "far" and r["variant"] == v])
+            hit = _mean_sd([e["model"].get("hit@1", 0.0) for e in far_runs])
             out[f"{v} source@1 (repeat-tail)"] = hit
             checks[f"{v}'s retriever ranks the source first for most far repeats"] = hit[0] > 0.5
     out["checks"] = checks
