@@ -25,8 +25,8 @@ import torch
 
 def gate_stats(run: Path, store: Path, n_docs: int, max_tokens: int = 4096) -> dict[str, float]:
     """Share of gates at eta and their mean over the first `n_docs` test documents (the model's own neighbours)."""
+    from rpt.checkpoint import load_model
     from rpt.eval.perplexity import open_split
-    from rpt.train.checkpoint import load_model
 
     model, cfg = load_model(run)
     docs = open_split(store, "test")

@@ -189,10 +189,10 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
                   oracle_labels: Path | None = None) -> dict[str, dict[str, float]]:
     """Per source: mean NLL per chunk class and over all tokens ("all") of the first `n_docs` test documents, and hit@1
     on repeat-tail chunks. Source "oracle" reads the scorer's best candidates from `oracle_labels` (sem, span doc)."""
+    from rpt.checkpoint import load_model
     from rpt.data.synthetic import CLASSES, copy_classes
     from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors
     from rpt.labels.store import LabelStore
-    from rpt.train.checkpoint import load_model
     from rpt.train.data import open_store
 
     model, cfg = load_model(run)

@@ -450,11 +450,11 @@ def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None) -> LoadedModel:
     """Load a checkpoint for inference (eval mode, on `device`): its folder, its model.safetensors, or a run folder
-    (the newest checkpoint), through the shared `load_model` of rpt.train.checkpoint. The tokenizer is `tokenizer` if given, else
+    (the newest checkpoint), through the shared `load_model` of rpt.checkpoint. The tokenizer is `tokenizer` if given, else
     found by `find_tokenizer` (None when nowhere to be found). The one place generation and the explorer load models."""
+    from rpt.checkpoint import load_model as load_checkpoint
+    from rpt.checkpoint import resolve_checkpoint
     from rpt.data.tokenizer import Tokenizer
-    from rpt.train.checkpoint import load_model as load_checkpoint
-    from rpt.train.checkpoint import resolve_checkpoint
 
     if not Path(path).exists():
         raise UserError(f"--checkpoint {path}: no such file or folder")

@@ -255,10 +255,10 @@ def test_page_renders_in_headless_chromium(explored, tmp_path):
 @pytest.fixture
 def stored(tmp_path: Path, tok) -> dict:
     """A token store (test split, 2 documents), whole-document sem labels and a checkpoint naming the store."""
+    from rpt import checkpoint as ckpt
     from rpt.data.store import StoreWriter, TokenStore
     from rpt.labels.pipeline import LabelSpec
     from rpt.labels.store import LabelWriter
-    from rpt.train import checkpoint as ckpt
 
     root = tmp_path / "store"
     tok.save(root / "tokenizer.json")

@@ -228,9 +228,9 @@ def test_bad_input():
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> dict:
     """A tokenizer + token store (as `rpt prepare` writes them) and a checkpoint of a tiny model that names the store."""
+    from rpt import checkpoint as ckpt
     from rpt.data.store import StoreWriter
     from rpt.data.tokenizer import Tokenizer
-    from rpt.train import checkpoint as ckpt
 
     text = "\n".join(f"def f{i}(x):\n    return x * {i} + value_{i % 7}" for i in range(200))
     store = tmp_path / "store"

@@ -33,12 +33,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
 from rpt.chunks import chunks_per_segment, last_retrievable
 from rpt.data.store import StoreError, TokenStore
 from rpt.eval import analysis, metrics
 from rpt.eval.memory import MemoryKind, make_memory, memory_name
 from rpt.model.memory import ChunkMemory
-from rpt.train.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
 from rpt.utils import UserError, write_json_atomic
 
 RESULT_VERSION = 1

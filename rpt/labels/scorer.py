@@ -290,7 +290,7 @@ def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto",
                           store_tokenizer: dict | None = None) -> CallableScorer:
     """A CallableScorer around one of our checkpoints (any variant; retrieving variants score without neighbours'
     help beyond their own retrieval inside the short scoring context, so an `xl` scorer is the natural choice)."""
-    from rpt.train.checkpoint import checkpoint_tokenizer, load_model, resolve_checkpoint
+    from rpt.checkpoint import checkpoint_tokenizer, load_model, resolve_checkpoint
 
     folder = resolve_checkpoint(path)
     dev = resolve_device(device)

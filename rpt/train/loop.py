@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.data.store import StoreError
-from rpt.train import checkpoint as ckpt_io
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
 from rpt.train.losses import (

@@ -101,8 +101,8 @@ def write_doc_labels(path: Path, lengths: list[int], tokenizer: dict, span: str 
 
 
 def save_checkpoint(run_dir: Path, model: RPT, cfg: RPTConfig, step: int = 7, tokenizer: Tokenizer | None = None) -> Path:
-    """A checkpoint written by rpt.train.checkpoint.save (the training loop's saver); with tokenizer.json beside it."""
-    from rpt.train import checkpoint as ckpt_io
+    """A checkpoint written by rpt.checkpoint.save (the training loop's saver); with tokenizer.json beside it."""
+    from rpt import checkpoint as ckpt_io
 
     cfg.model = model.cfg
     cfg.data.store = str(run_dir / "no-store")  # hermetic: never fall back on a store of the working directory

@@ -1,4 +1,4 @@
-"""`rpt eval` end to end on a tiny store with tiny checkpoints written by rpt.train.checkpoint, and its answers to bad
+"""`rpt eval` end to end on a tiny store with tiny checkpoints written by rpt.checkpoint, and its answers to bad
 input (exit code 2, one clear line)."""
 
 import json

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rpt import RPT, RPTConfig
+from rpt import checkpoint as ckpt_io
 from rpt.labels.scorer import is_rpt_checkpoint, load_scorer, target_scores
-from rpt.train import checkpoint as ckpt_io
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_checkpoint_scorer_matches_brute_force(run_dir):
 
 
 def test_checkpoint_scorer_refuses_another_tokenizer(run_dir, monkeypatch):
-    import rpt.train.checkpoint as c
+    import rpt.checkpoint as c
     from rpt.labels.scorer import rpt_checkpoint_scorer
 
     path, _ = run_dir

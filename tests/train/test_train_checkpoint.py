@@ -6,7 +6,7 @@ from safetensors import safe_open
 from torch import nn
 from train_helpers import tiny_config
 
-from rpt.train import checkpoint as ck
+from rpt import checkpoint as ck
 
 
 class Tied(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from train_helpers import StandIn, make_labels, tiny_config, write_label_store
 
-from rpt.train import checkpoint as ck
+from rpt import checkpoint as ck
 from rpt.train.data import LabelMismatch, SequenceDataset, open_store
 from rpt.train.loop import NonFiniteLoss, prepare, train
 
