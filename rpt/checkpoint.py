@@ -7,19 +7,26 @@ folder without the dot is always complete)::
                        names are listed in the metadata key "aliases" (JSON {alias: stored name})
     optimizer.pt       optimizer.state_dict()  (torch.save; loads with weights_only=True)
     rng.pt             per-rank RNG states: python `random`, numpy, torch CPU, torch CUDA
-    state.json         {"step", "data", "world_size", "metrics", "rpt_version"}; "step" = updates done
+    state.json         {"step", "data", "world_size", "metrics", "rpt_version", "files"}; "step" = updates done;
+                       "files" = {name: {"bytes", "sha256"}} of the four other files
     config.yaml        the full RPTConfig of the run
 
-`latest(out_dir)` finds the newest complete checkpoint; `prune` keeps the last k.
+`latest(out_dir)` finds the newest complete checkpoint; `latest_intact` the newest whose files still match their
+recorded sizes and sha256 (a damaged newer one is reported with a warning and skipped, never silently used: a disk that
+filled up, a copy cut short, a file edited by hand); `prune` keeps the last k. Every reader (training's resume, eval,
+generate, explore, the checkpoint scorer) goes through this module, so none of them can load an unverified file.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +37,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rpt.config import RPTConfig
-from rpt.utils import UserError, write_json_atomic
+from rpt.utils import RPTWarning, UserError, write_json_atomic
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+CHECKED_FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "config.yaml")
+MODEL_FILES = ("model.safetensors", "config.yaml")  # what loading a model for eval / generate / scoring reads
+
+
+class DamagedCheckpoint(UserError):
+    """A checkpoint file that is missing, cut short, altered, or cannot be parsed."""
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -56,6 +69,89 @@ def latest(out_dir: str | Path) -> Path | None:
     """The newest complete checkpoint folder under `out_dir`, or None."""
     cps = list_checkpoints(out_dir)
     return cps[-1] if cps else None
+
+
+def latest_intact(out_dir: str | Path, files: tuple[str, ...] = CHECKED_FILES) -> Path | None:
+    """The newest checkpoint under `out_dir` whose `files` pass `verify`, or None when the run has no checkpoint.
+
+    A damaged newer checkpoint is skipped with an RPTWarning naming it and what is wrong; when every checkpoint is
+    damaged this raises DamagedCheckpoint rather than pretend the run has none (which would restart it from scratch).
+    """
+    cps = list_checkpoints(out_dir)
+    problems = []
+    for p in reversed(cps):
+        try:
+            verify(p, files)
+        except DamagedCheckpoint as e:
+            warnings.warn(f"damaged checkpoint skipped: {e}", RPTWarning, stacklevel=2)
+            problems.append(str(e))
+            continue
+        return p
+    if cps:
+        raise DamagedCheckpoint(f"every checkpoint of {out_dir} is damaged (newest: {problems[0]}); restore one, or move "
+                                f"{checkpoint_dir(out_dir)} away to start the run over")
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# integrity: sizes and sha256 recorded at save time, checked before any read
+
+
+def sha256_file(path: str | Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file, once per (path, size, mtime): eval resolves the same checkpoint several times."""
+    return sha256_file(path)
+
+
+def file_records(folder: Path, files: tuple[str, ...] = CHECKED_FILES) -> dict[str, dict[str, Any]]:
+    """{name: {"bytes", "sha256"}} of the `files` present in `folder` (what state.json records)."""
+    return {n: {"bytes": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in files
+            if (folder / n).is_file()}
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """state.json of a checkpoint folder ({} when absent: a bare model.safetensors folder), or DamagedCheckpoint."""
+    path = folder / "state.json"
+    if not path.exists():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DamagedCheckpoint(f"{path} cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise DamagedCheckpoint(f"{path} is not a JSON object")
+    return state
+
+
+def verify(folder: str | Path, files: tuple[str, ...] = CHECKED_FILES) -> None:
+    """Check that each of `files` exists and matches the size and sha256 recorded in state.json.
+
+    Checkpoints written before checksums were recorded have no "files" entry: they are checked for presence only, and
+    a file that then fails to parse is reported by the reader (`read_weights`, `load`) as DamagedCheckpoint too.
+    """
+    folder = Path(folder)
+    recorded = read_state(folder).get("files") or {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise DamagedCheckpoint(f"{path} is missing")
+        rec = recorded.get(name)
+        if rec is None:
+            continue
+        size = path.stat().st_size
+        if size != rec["bytes"]:
+            raise DamagedCheckpoint(f"{path} has {size:,} bytes where its checkpoint recorded {rec['bytes']:,} "
+                                    "(cut short or overwritten)")
+        if _cached_sha256(str(path), size, path.stat().st_mtime_ns) != rec["sha256"]:
+            raise DamagedCheckpoint(f"{path} does not match the sha256 its checkpoint recorded (the file was altered)")
 
 
 def prune(out_dir: str | Path, keep_last: int) -> None:
@@ -94,12 +190,31 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """A full state dict from model.safetensors, aliases expanded."""
     from safetensors import safe_open
 
-    state = load_file(str(path))
-    with safe_open(str(path), framework="pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    try:
+        state = load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"{path} is missing") from None
+    except Exception as e:  # safetensors' SafetensorError, a torn header (JSON), an OS error
+        raise DamagedCheckpoint(f"{path} cannot be read as safetensors ({_first_line(e)})") from None
     for alias, name in aliases.items():
         state[alias] = state[name]
     return state
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _torch_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise DamagedCheckpoint(f"{path} is missing") from None
+    except Exception as e:  # PytorchStreamReader errors on a torn zip, unpickling errors
+        raise DamagedCheckpoint(f"{path} cannot be read ({_first_line(e)})") from None
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
@@ -171,7 +286,7 @@ def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], o
     torch.save(rng, tmp / "rng.pt")
     cfg.to_yaml(tmp / "config.yaml")
     write_json_atomic(tmp / "state.json", {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
-                                           "rpt_version": rpt.__version__})
+                                           "rpt_version": rpt.__version__, "files": file_records(tmp)})
     if final.exists():  # the same step saved again (a resumed run that re-reached it): replace it
         old = final.with_name(f".{final.name}.old")
         os.replace(final, old)
@@ -188,13 +303,14 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
     path = Path(path)
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no state.json)")
-    state = json.loads((path / "state.json").read_text())
+    verify(path)
+    state = read_state(path)
     return Checkpoint(
         path=path,
         step=int(state["step"]),
         model=read_weights(path / "model.safetensors"),
-        optimizer=torch.load(path / "optimizer.pt", map_location=map_location, weights_only=True),
-        rng=torch.load(path / "rng.pt", weights_only=True),
+        optimizer=_torch_load(path / "optimizer.pt", map_location),
+        rng=_torch_load(path / "rng.pt"),
         data=state["data"],
         metrics=state.get("metrics", {}),
         config=RPTConfig.from_yaml(path / "config.yaml"),
@@ -206,13 +322,17 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint step folder from: the folder itself, its model.safetensors, or a run folder (its newest step)."""
+    """A checkpoint step folder from: the folder itself, its model.safetensors, or a run folder (its newest intact step).
+
+    A folder named explicitly must be intact (DamagedCheckpoint otherwise: the user asked for that one); from a run
+    folder a damaged newest checkpoint is skipped with a warning and the previous intact one is used."""
     p = Path(path)
     if p.is_file() and p.name == "model.safetensors":
         p = p.parent
-    if (p / "model.safetensors").is_file():
+    if (p / "model.safetensors").is_file() or (p / "state.json").is_file():
+        verify(p, MODEL_FILES if (p / "state.json").is_file() else ("model.safetensors",))
         return p
-    if p.is_dir() and (newest := latest(p)) is not None:
+    if p.is_dir() and (newest := latest_intact(p, MODEL_FILES)) is not None:
         return newest
     raise UserError(f"no checkpoint at {path}: expected a checkpoint folder holding model.safetensors, or a run folder "
                     "with checkpoints/step_*/")

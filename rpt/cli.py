@@ -29,10 +29,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings() -> None:
+    """Our own warnings (rpt.utils.RPTWarning) print as `rpt: warning: ...`, without the source line of the warn call."""
+    import warnings
+
+    from rpt.utils import RPTWarning
+
+    plain = warnings.formatwarning
+    if getattr(plain, "_rpt", False):
+        return
+
+    def fmt(message, category, filename, lineno, line=None):
+        if issubclass(category, RPTWarning):
+            return f"rpt: warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+
+    fmt._rpt = True  # type: ignore[attr-defined]
+    warnings.formatwarning = fmt
+
+
 def main(argv: list[str] | None = None) -> int:
     import rpt.utils
     from rpt.config import ConfigError
 
+    _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.verb is None:

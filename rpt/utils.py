@@ -30,6 +30,10 @@ class MissingDependency(ImportError):
     pass
 
 
+class RPTWarning(UserWarning):
+    """A warning of ours meant for the user (a skipped damaged file, a fallback): the CLI prints it as one line."""
+
+
 def require(module: str, purpose: str = "") -> ModuleType:
     """Import an optional dependency or fail with the command that installs it."""
     try:

@@ -46,6 +46,7 @@ from rpt.train.losses import (
 )
 from rpt.train.optim import build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
+from rpt.utils import RPTWarning, UserError
 
 
 class NonFiniteLoss(RuntimeError):
@@ -112,6 +113,29 @@ def sampling_key(seed: int, position: int) -> int:
 # logging (rank 0)
 
 
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a run's log.jsonl. A torn last line (the run was killed while writing it) is skipped; a bad line
+    anywhere else is a damaged log, reported with the file and line number."""
+    path = Path(path)
+    lines = path.read_text(errors="replace").splitlines()
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            if i == len(lines):
+                warnings.warn(f"{path}: skipping its torn last line {i} (the run was stopped while writing it)",
+                              RPTWarning, stacklevel=2)
+                continue
+            raise UserError(f"{path}: line {i} is not a JSON object; the log is damaged (remove that line to resume)")
+        rows.append(row)
+    return rows
+
+
 class RunLog:
     """JSONL always (``<out_dir>/log.jsonl``), TensorBoard when asked, a tqdm bar when `progress`."""
 
@@ -124,8 +148,8 @@ class RunLog:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
         if self.path.exists():  # a resumed run: drop lines of steps after the checkpoint, they are about to be redone
-            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= start]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+            rows = read_log(self.path)
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in rows if r.get("step", 0) <= start))
         if tensorboard:
             from rpt.utils import require
 
@@ -272,7 +296,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
 
-    last = ckpt_io.latest(out_dir)
+    last = ckpt_io.latest_intact(out_dir)  # a damaged newer checkpoint is skipped with a warning naming it
     if last is not None and not resume:
         raise ValueError(f"{out_dir} already holds checkpoints (newest {last.name}): resume, or choose another out_dir")
     cp = ckpt_io.load(last) if last is not None else None

@@ -1,0 +1,148 @@
+"""Damaged checkpoints and logs (issue #13): a truncated, emptied or altered file in the newest checkpoint is reported
+and skipped, never loaded; one named explicitly is refused in one line; a torn last line of log.jsonl does not block
+resume. Every case goes through the CLI, as a user meets it."""
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+from train_helpers import make_store  # noqa: E402
+
+from rpt import checkpoint as ck  # noqa: E402
+from rpt.cli import _one_line_warnings, main  # noqa: E402
+from rpt.utils import RPTWarning  # noqa: E402
+
+SMALL = ["--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
+         "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64", "--set", "train.log_every=1",
+         "--set", "train.checkpoint_every=2", "--set", "train.keep_last=0", "--no-progress"]
+
+
+@pytest.fixture
+def run(tmp_path):
+    """An xl run of 4 updates with checkpoints at steps 2 and 4, on a store whose train split is also evaluated."""
+    root = tmp_path / "store"
+    make_store(root / "train", [160, 192, 112, 64])
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--variant", "xl", "--store", str(root), "--out", str(out), *SMALL]
+    assert main([*args, "--steps", "4"]) == 0
+    assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000002", "step_00000004"]
+    return {"root": root, "out": out, "args": args, "newest": out / "checkpoints" / "step_00000004"}
+
+
+def evaluate(run, checkpoint, tmp_path):
+    return main(["eval", "--checkpoint", str(checkpoint), "--store", str(run["root"]), "--split", "train", "--out",
+                 str(tmp_path / "r.json"), "--no-progress"])
+
+
+def truncate(path: Path, fraction: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+
+
+def one_error_line(capsys, verb: str, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith(f"rpt {verb}: error:") and "Traceback" not in err and err.count("\n") == 1, err
+    for f in fragments:
+        assert f in err, err
+    return err
+
+
+def test_checkpoints_record_sizes_and_sha256(run):
+    files = json.loads((run["newest"] / "state.json").read_text())["files"]
+    assert set(files) == set(ck.CHECKED_FILES)
+    weights = run["newest"] / "model.safetensors"
+    assert files["model.safetensors"] == {"bytes": weights.stat().st_size, "sha256": ck.sha256_file(weights)}
+
+
+def test_eval_of_a_run_skips_a_truncated_newest_checkpoint(run, tmp_path, capsys):
+    truncate(run["newest"] / "model.safetensors", 0.5)
+    with pytest.warns(RPTWarning, match="damaged checkpoint skipped: .*step_00000004/model.safetensors.*cut short"):
+        assert evaluate(run, run["out"], tmp_path) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["checkpoint"].endswith("step_00000002")
+
+
+def test_eval_of_a_damaged_checkpoint_named_explicitly_is_one_line(run, tmp_path, capsys):
+    truncate(run["newest"] / "model.safetensors", 0.5)
+    assert evaluate(run, run["newest"], tmp_path) == 2
+    one_error_line(capsys, "eval", "step_00000004/model.safetensors", "cut short")
+    assert evaluate(run, run["newest"] / "model.safetensors", tmp_path) == 2
+    one_error_line(capsys, "eval", "cut short")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_altered_file_of_the_same_size_is_caught_by_its_sha256(run, tmp_path, capsys):
+    weights = run["newest"] / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # a flipped byte inside the last tensor: safetensors itself would load it without complaint
+    weights.write_bytes(bytes(data))
+    assert evaluate(run, run["newest"], tmp_path) == 2
+    one_error_line(capsys, "eval", "sha256", "altered")
+
+
+def test_the_shared_model_loader_skips_a_damaged_newest_checkpoint(run):
+    """generate, explore and the checkpoint scorer load through ck.load_model: the same fallback and refusal."""
+    (run["newest"] / "model.safetensors").write_bytes(b"")
+    with pytest.warns(RPTWarning, match="step_00000004"):
+        model, cfg = ck.load_model(run["out"])
+        assert cfg.model.variant == "xl" and ck.resolve_checkpoint(run["out"]).name == "step_00000002"
+    with pytest.raises(ck.DamagedCheckpoint, match="step_00000004/model.safetensors has 0 bytes"):
+        ck.load_model(run["newest"])
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_and_redoes_its_steps(run, capsys):
+    (run["newest"] / "optimizer.pt").write_bytes(b"")  # emptied: a disk that filled up while saving
+    with pytest.warns(RPTWarning, match="step_00000004.*optimizer.pt"):
+        assert main([*run["args"], "--steps", "6"]) == 0
+    assert "trained xl to step 6" in capsys.readouterr().out
+    assert [p.name for p in ck.list_checkpoints(run["out"])] == ["step_00000002", "step_00000004", "step_00000006"]
+    ck.verify(run["newest"])  # step 4 was redone and saved afresh
+    steps = [json.loads(x)["step"] for x in (run["out"] / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_with_every_checkpoint_damaged_is_refused(run, capsys):
+    for p in ck.list_checkpoints(run["out"]):
+        truncate(p / "rng.pt", 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RPTWarning)
+        assert main([*run["args"], "--steps", "6"]) == 2
+    one_error_line(capsys, "train", "every checkpoint of", "is damaged", "rng.pt")
+
+
+def test_a_checkpoint_without_checksums_that_fails_to_parse_is_one_line(run, tmp_path, capsys):
+    """Checkpoints written before checksums were recorded: the parse error itself is reported, naming the file."""
+    state = json.loads((run["newest"] / "state.json").read_text())
+    del state["files"]
+    (run["newest"] / "state.json").write_text(json.dumps(state))
+    truncate(run["newest"] / "model.safetensors", 0.5)
+    assert evaluate(run, run["newest"], tmp_path) == 2
+    one_error_line(capsys, "eval", "step_00000004/model.safetensors cannot be read as safetensors")
+
+
+def test_resume_skips_a_torn_last_log_line(run, capsys):
+    log = run["out"] / "log.jsonl"
+    with open(log, "a") as f:
+        f.write('{"step": 5, "lm_lo')  # killed while writing the line of step 5
+    with pytest.warns(RPTWarning, match="log.jsonl: skipping its torn last line 5"):
+        assert main([*run["args"], "--steps", "6"]) == 0
+    steps = [json.loads(x)["step"] for x in log.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_bad_line_inside_the_log_names_the_file_and_line(run, capsys):
+    log = run["out"] / "log.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    assert main([*run["args"], "--steps", "6"]) == 2
+    one_error_line(capsys, "train", "log.jsonl: line 2 is not a JSON object")
+
+
+def test_our_warnings_print_as_one_line():
+    _one_line_warnings()
+    text = warnings.formatwarning("skipping x", RPTWarning, "f.py", 3)
+    assert text == "rpt: warning: skipping x\n"
+    assert "f.py" in warnings.formatwarning("other", UserWarning, "f.py", 3)
