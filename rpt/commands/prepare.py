@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", help="comma-separated splits to prepare (default: all of the corpus')")
     p.add_argument("--min-chunks", type=int, default=2,
                    help="skip documents shorter than this many chunks (default 2: retrieval needs an earlier chunk)")
-    p.add_argument("--force", action="store_true", help="rebuild stores that exist, even when they do not match")
+    p.add_argument("--force", action="store_true", help="rebuild stores that exist, even when they do not match: the "
+                   "new store is built beside --out (hidden .<out>.build) and swapped in whole when complete, so a "
+                   "killed run leaves the old store intact (the next --force run resumes the build)")
     p.add_argument("--tokenizer-cache", help="folder for trained tokenizers (default: ~/.cache/rpt/tokenizers, "
                    "or $RPT_CACHE_DIR/tokenizers)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -16,11 +16,23 @@ Documents that cannot be used are skipped and counted by reason, never dropped s
 plus the readers' reasons ("binary", "undecodable", ...). Counts and examples go into the manifest and the report.
 
 An existing store is reused when its manifest matches the tokenizer, chunk size, corpus and filters; a mismatch is
-an error naming the difference, and `force=True` (``--force``) rebuilds.
+an error naming the difference, and `force=True` (``--force``) rebuilds. A run without force writes into `<out>`
+split by split (a killed run resumes exactly: finished splits are reused), which is safe because every split it
+keeps or writes has the tokenizer of `<out>/tokenizer.json`. A forced run may change the tokenizer, so it builds the
+whole new store in a hidden sibling `.<out>.build/` and swaps it in only when complete: until then `<out>` is
+entirely the old store; a killed forced run is resumed by the next one (its finished splits are kept) or discarded by
+a later run without force. The swap renames `<out>` to `.<out>.old` (the commit point), the build to `<out>`, then
+moves over what the old folder held besides the store (labels/, other files, splits of the same tokenizer that were
+not rebuilt); a run killed in between is finished by the next `prepare` of that folder.
+
+A training split without any usable document is an error (`EmptySplitError`) saying what was skipped and why.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -30,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from rpt.data.corpora import Corpus, Document, Skips, load_corpus, normalize_split
+from rpt.data.corpora import SPLITS, Corpus, Document, Skips, load_corpus, normalize_split
 from rpt.data.store import StoreError, StoreWriter, TokenStore
 from rpt.data.tokenizer import DEFAULT_SAMPLE_BYTES, Tokenizer, load_tokenizer
 from rpt.utils import write_json_atomic
@@ -73,6 +85,7 @@ class PrepareSummary:
     seconds: float
     tokenizer_seconds: float
     tokenizer_cache_hit: bool | None
+    dropped: list[str] = field(default_factory=list)  # old splits of another tokenizer removed by a --force swap
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +97,36 @@ class PrepareSummary:
     @property
     def tokens(self) -> int:
         return sum(s.tokens for s in self.splits)
+
+
+class EmptySplitError(ValueError):
+    """The training split has no usable document: a store would be empty, and nothing could be trained on it."""
+
+
+# Skip reasons in words: (name, detail); the other reasons (e.g. "outside_split_folders") are shown as they are.
+_REASONS = {"binary": ("binary", "a NUL byte"), "undecodable": ("not UTF-8", ""), "empty": ("empty", "only whitespace"),
+            "too_short": ("too short", "under {min_tokens} tokens")}
+
+
+def no_documents_message(corpus: Corpus, split: str, skipped: dict[str, Any], min_tokens: int) -> str:
+    """One line: the corpus, the split, and what was skipped for which reason (or that nothing was found)."""
+    if not skipped:
+        root = getattr(corpus, "root", None)
+        if isinstance(root, Path) and not any(p.is_file() for p in root.rglob("*")):
+            why = f"{root} holds no file"
+        else:
+            why = "no document falls into it (unless the corpus defines its splits, documents are assigned to one by a "
+            why += "hash of their name)"
+        return f"corpus {corpus.spec}: the {split} split has no usable document: {why}"
+    total = sum(v["count"] for v in skipped.values())
+    parts = []
+    for reason, v in skipped.items():
+        name, detail = _REASONS.get(reason, (reason, ""))
+        detail = detail.format(min_tokens=min_tokens) + "; " if detail else ""
+        parts.append(f"{v['count']} {name} ({detail}e.g. {', '.join(v['examples'][:2])})")
+    hint = "; lower --min-chunks or --chunk-size to keep short documents" if "too_short" in skipped else ""
+    return (f"corpus {corpus.spec}: the {split} split has no usable document: {total} input(s) skipped: "
+            f"{'; '.join(parts)}{hint}")
 
 
 def store_settings(corpus: Corpus, chunk_size: int, min_chunks: int, max_documents: int | None) -> dict[str, Any]:
@@ -111,7 +154,9 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     corpus: a spec for `load_corpus` or a Corpus. tokenizer: a spec for `load_tokenizer` (``bpe:<vocab>`` trains on
     the train split, at most `sample_bytes`, cached in `tokenizer_cache`) or a Tokenizer. max_documents: keep at most
     this many documents per split. min_chunks: shorter documents are skipped as "too_short".
+    force: rebuild the whole store aside and swap it in when complete (see the module docstring).
     progress: a tqdm bar per split (None: only when stderr is a terminal).
+    Raises EmptySplitError when the training split has no usable document.
     """
     t0 = time.perf_counter()
     if chunk_size < 1 or min_chunks < 1:
@@ -124,59 +169,222 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     if missing:
         raise ValueError(f"corpus {corpus.spec!r} has no split(s) {', '.join(missing)} (it has {', '.join(corpus.splits)})")
     out = Path(out)
+    dropped = recover_swap(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
 
     tt = time.perf_counter()
-    if tokenizer == "corpus":
-        if not hasattr(corpus, "tokenizer"):
-            raise ValueError(f"corpus {corpus.spec!r} has no tokenizer of its own: pass a tokenizer (bpe:<vocab>, a "
-                             "file, a name)")
-        tokenizer = corpus.tokenizer()
-    if isinstance(tokenizer, str):
-        train_split = "train" if "train" in corpus.splits else corpus.splits[0]
-
-        def training_texts() -> Iterator[str]:
-            for _, text in _limit(corpus.documents(train_split), max_documents):
-                yield text
-
-        tokenizer = load_tokenizer(tokenizer, training_texts, cache_dir=tokenizer_cache, sample_bytes=sample_bytes)
+    train_split = "train" if "train" in corpus.splits else corpus.splits[0]
+    tokenizer = _resolve_tokenizer(tokenizer, corpus, train_split, max_documents, min_chunks * chunk_size,
+                                   tokenizer_cache, sample_bytes)
     tokenizer_seconds = time.perf_counter() - tt
     settings = store_settings(corpus, chunk_size, min_chunks, max_documents)
 
     # Decide reuse before writing anything, so a mismatch fails fast and leaves the folder as it was.
-    reuse: dict[str, TokenStore] = {}
-    for split in splits:
-        path = out / split
-        if path.exists() and not force:
-            try:
-                reuse[split] = check_reusable(path, tokenizer, chunk_size, settings)
-            except StoreError as e:
-                raise StoreError(f"{e}; pass --force (force=True) to rebuild {path}") from None
-    old_tok = out / "tokenizer.json"
-    if reuse and old_tok.exists() and Tokenizer.from_file(old_tok).hash != tokenizer.hash:
-        raise StoreError(f"{old_tok} differs from the tokenizer of the stores in {out}; pass --force to rebuild")
-
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(old_tok)
-    stats = []
-    for split in splits:
-        if split in reuse:
-            stats.append(_stats_from_manifest(reuse[split]))
-            continue
-        stats.append(write_split(corpus, split, tokenizer, out / split, chunk_size=chunk_size, min_chunks=min_chunks,
-                                 max_documents=max_documents, extra=settings, progress=progress))
+    build = build_path(out)
+    if force:
+        root, reuse = build, _reusable_in_build(build, splits, tokenizer, chunk_size, settings)
+    else:
+        root, reuse = out, _reusable_in_place(out, splits, tokenizer, chunk_size, settings)
+    created = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(root / "tokenizer.json")
+    stats: dict[str, SplitStats] = {}
+    try:
+        for split in sorted(splits, key=lambda s: s != train_split):  # the split that must not be empty first
+            if split in reuse:
+                stats[split] = _stats_from_manifest(reuse[split])
+                if split == train_split and stats[split].documents == 0:
+                    raise EmptySplitError(no_documents_message(corpus, split, stats[split].skipped, settings["min_tokens"]))
+                continue
+            stats[split] = write_split(corpus, split, tokenizer, root / split, chunk_size=chunk_size,
+                                       min_chunks=min_chunks, max_documents=max_documents, extra=settings,
+                                       progress=progress, required=split == train_split)
+    except EmptySplitError:
+        if force or created:  # nothing worth keeping was there before this run
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    for st in stats.values():
+        st.path = str(out / st.split)
     summary = PrepareSummary(out=str(out), corpus=corpus.identity(), tokenizer=tokenizer.identity, chunk_size=chunk_size,
-                             min_tokens=min_chunks * chunk_size, max_documents=max_documents, splits=stats,
-                             seconds=time.perf_counter() - t0, tokenizer_seconds=tokenizer_seconds,
-                             tokenizer_cache_hit=tokenizer.cache_hit)
-    write_json_atomic(out / "prepare.json", summary.to_dict())
+                             min_tokens=min_chunks * chunk_size, max_documents=max_documents,
+                             splits=[stats[s] for s in splits], seconds=time.perf_counter() - t0,
+                             tokenizer_seconds=tokenizer_seconds, tokenizer_cache_hit=tokenizer.cache_hit,
+                             dropped=dropped)
+    write_json_atomic(root / "prepare.json", summary.to_dict())  # in a build: the mark that it is complete
+    if force:
+        summary.dropped += swap_in(build, out)
+        if summary.dropped:
+            write_json_atomic(out / "prepare.json", summary.to_dict())
+    elif build.exists():  # an abandoned forced rebuild: the store in place is now the one asked for
+        shutil.rmtree(build)
     return summary
 
 
+def _resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Corpus, train_split: str, max_documents: int | None,
+                       min_tokens: int, cache_dir: str | Path | None, sample_bytes: int) -> Tokenizer:
+    """A Tokenizer from a spec; a BPE that finds no training text is an EmptySplitError saying what was skipped."""
+    if tokenizer == "corpus":
+        if not hasattr(corpus, "tokenizer"):
+            raise ValueError(f"corpus {corpus.spec!r} has no tokenizer of its own: pass a tokenizer (bpe:<vocab>, a "
+                             "file, a name)")
+        return corpus.tokenizer()
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    skips = Skips()
+    scan = {"done": False, "usable": 0}
+
+    def training_texts() -> Iterator[str]:
+        for doc in _limit(corpus.documents(train_split, skips), max_documents):
+            if doc.text.strip():
+                scan["usable"] += 1
+            else:
+                skips.add("empty", doc.id)
+            yield doc.text
+        scan["done"] = True
+
+    try:
+        return load_tokenizer(tokenizer, training_texts, cache_dir=cache_dir, sample_bytes=sample_bytes)
+    except ValueError:
+        if scan["done"] and not scan["usable"]:  # read to the end and found nothing to train on
+            raise EmptySplitError(no_documents_message(corpus, train_split, skips.to_dict(), min_tokens)) from None
+        raise
+
+
+def _reusable_in_place(out: Path, splits: list[str], tokenizer: Tokenizer, chunk_size: int,
+                       settings: dict[str, Any]) -> dict[str, TokenStore]:
+    """The stores of `out` this run keeps; StoreError when any store there (asked for or not) does not match, since
+    one tokenizer.json serves every split of the folder."""
+    build = build_path(out)
+    hint = f" (an interrupted --force run left {build}: pass --force to resume it)" if build.exists() else ""
+    reuse: dict[str, TokenStore] = {}
+    for split in SPLITS:
+        path = out / split
+        if not path.exists() or (split not in splits and not (path / "manifest.json").is_file()):
+            continue
+        try:
+            if split in splits:
+                reuse[split] = check_reusable(path, tokenizer, chunk_size, settings)
+            else:
+                TokenStore.open(path).check_compatible(tokenizer_id=tokenizer.identity)
+        except StoreError as e:
+            also = "" if split in splits else f" (split {split} shares {out / 'tokenizer.json'} with the splits asked for)"
+            raise StoreError(f"{e}{also}; pass --force (force=True) to rebuild {out}{hint}") from None
+    old_tok = out / "tokenizer.json"
+    stores = any((out / s / "manifest.json").is_file() for s in SPLITS)
+    if stores and old_tok.exists() and Tokenizer.from_file(old_tok).hash != tokenizer.hash:
+        raise StoreError(f"{old_tok} differs from the tokenizer of the stores in {out}; pass --force to rebuild{hint}")
+    return reuse
+
+
+def _reusable_in_build(build: Path, splits: list[str], tokenizer: Tokenizer, chunk_size: int,
+                       settings: dict[str, Any]) -> dict[str, TokenStore]:
+    """Resume an interrupted forced rebuild: keep the finished splits of `build` made exactly as this run asks,
+    delete everything else in it (other settings, other tokenizer, a half-written split)."""
+    if not build.exists():
+        return {}
+    tok = build / "tokenizer.json"
+    try:
+        same = tok.is_file() and Tokenizer.from_file(tok).hash == tokenizer.hash
+    except ValueError:
+        same = False
+    if not same:
+        shutil.rmtree(build)
+        return {}
+    reuse: dict[str, TokenStore] = {}
+    for p in sorted(build.iterdir()):
+        if p.name in splits:
+            try:
+                reuse[p.name] = check_reusable(p, tokenizer, chunk_size, settings)
+                continue
+            except StoreError:
+                pass
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.name != "tokenizer.json":
+            p.unlink()
+    return reuse
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The whole-store swap of `--force`
+
+
+def _real(out: Path) -> Path:
+    """The folder itself (through a symlink, so that the swap happens where the store is)."""
+    return Path(os.path.realpath(out))
+
+
+def build_path(out: Path) -> Path:
+    """Where `--force` builds the new store: a hidden sibling of `out`."""
+    out = _real(out)
+    return out.parent / f".{out.name}.build"
+
+
+def old_path(out: Path) -> Path:
+    """Where the old store waits, between the two renames of a swap, until what it shares is moved over."""
+    out = _real(out)
+    return out.parent / f".{out.name}.old"
+
+
+def swap_in(build: Path, out: Path) -> list[str]:
+    """Put the complete store `build` in the place of `out`; returns the old splits dropped (see `_finish_swap`).
+
+    Renaming `out` aside is the commit point: a run killed after it is finished by the next run (`recover_swap`),
+    one killed before it leaves `out` untouched."""
+    out, old = _real(out), old_path(out)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(build, out)
+    return _finish_swap(out, old) if old.exists() else []
+
+
+def recover_swap(out: Path) -> list[str]:
+    """Finish a swap that a killed `rpt prepare --force` left half done (the old store aside, the new one complete)."""
+    out, old, build = _real(out), old_path(out), build_path(out)
+    if not old.exists():
+        return []
+    if not out.exists():
+        if not (build / "prepare.json").is_file():  # cannot happen (a build moves only when complete): roll back
+            os.replace(old, out)
+            return []
+        os.replace(build, out)
+    return _finish_swap(out, old)
+
+
+def _finish_swap(out: Path, old: Path) -> list[str]:
+    """Move what the old store held besides the rebuilt parts (labels/, the user's files, splits of the same tokenizer
+    that were not rebuilt) into the new store, then delete the old one. Old splits of another tokenizer cannot stay
+    beside the new tokenizer.json: they are dropped, and their names returned."""
+    new_hash = Tokenizer.from_file(out / "tokenizer.json").hash
+    leftovers = {f".{s}.partial" for s in SPLITS}  # half-written splits of the old store, and temporary files
+    dropped = []
+    for p in sorted(old.iterdir()):
+        if (out / p.name).exists() or p.name in leftovers or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            continue
+        if p.name in SPLITS and (p / "manifest.json").is_file() and _manifest_hash(p) != new_hash:
+            dropped.append(p.name)
+            continue
+        os.replace(p, out / p.name)
+    shutil.rmtree(old)
+    return dropped
+
+
+def _manifest_hash(path: Path) -> str | None:
+    try:
+        return json.loads((path / "manifest.json").read_text())["tokenizer"]["hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def write_split(corpus: Corpus, split: str, tokenizer: Tokenizer, path: Path, *, chunk_size: int, min_chunks: int,
-                max_documents: int | None, extra: dict[str, Any], progress: bool | None = None) -> SplitStats:
-    """Stream one split into a new store at `path` (published atomically when complete)."""
+                max_documents: int | None, extra: dict[str, Any], progress: bool | None = None,
+                required: bool = False) -> SplitStats:
+    """Stream one split into a new store at `path` (published atomically when complete). required: a split without
+    any usable document is an EmptySplitError, and nothing is published."""
     t0 = time.perf_counter()
     skips = Skips()
     min_tokens = min_chunks * chunk_size
@@ -209,6 +417,9 @@ def write_split(corpus: Corpus, split: str, tokenizer: Tokenizer, path: Path, *,
                         bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
                 if max_documents is not None and len(lengths) >= max_documents:
                     break
+            if required and not lengths:
+                writer.abort()
+                raise EmptySplitError(no_documents_message(corpus, split, skips.to_dict(), min_tokens))
             arr = np.asarray(lengths, dtype=np.int64)
             stats = SplitStats(split=split, path=str(path), documents=len(arr), tokens=int(arr.sum()),
                                median_doc_tokens=float(np.median(arr)) if len(arr) else 0.0,
@@ -283,5 +494,8 @@ def format_summary(s: PrepareSummary) -> str:
             lines.append(f"  skipped in {st.split}: {v['count']} {reason} (e.g. {', '.join(v['examples'][:3])})")
         if st.documents == 0:
             lines.append(f"  warning: split {st.split} has no documents")
+    if s.dropped:
+        lines.append(f"  removed old split(s) {', '.join(s.dropped)}: made with another tokenizer than the new "
+                     f"tokenizer.json (prepare them again with --splits)")
     lines.append(f"time {s.seconds:.1f} s (tokenizer {s.tokenizer_seconds:.1f} s)")
     return "\n".join(lines)

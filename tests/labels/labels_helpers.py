@@ -33,7 +33,7 @@ def train_bpe(text: str, vocab_size: int) -> Tokenizer:
 
 
 def identity(tok: Tokenizer, name: str) -> dict:
-    return {"name": name, "hash": hashlib.sha256(tok.to_str().encode()).hexdigest()[:16], "vocab_size": tok.get_vocab_size()}
+    return {"name": name, "hash": hashlib.sha256(tok.to_str().encode()).hexdigest(), "vocab_size": tok.get_vocab_size()}
 
 
 def make_store(root: Path, tok: Tokenizer, texts: list[str], chunk_size: int, split: str = "train",

@@ -170,7 +170,7 @@ def test_labels_for_another_tokenizer_chunk_size_segment_or_span_are_refused(sto
     with pytest.raises(LabelError, match="chunk_size 16, labels asked for 8"):
         label_split(other_m, tmp_path / "x", SPEC_LEX, progress=False)
     # Another span in the same folder is not silently reused.
-    with pytest.raises(LabelError, match="already holds other labels"):
+    with pytest.raises(LabelError, match=r"already holds labels made with other settings \(span: existing 128, asked doc\)"):
         label_split(store, out, LabelSpec(kind="lex", span=None, chunk_size=M, segment_len=S, k=4), progress=False)
 
 
