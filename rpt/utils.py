@@ -41,7 +41,7 @@ def require(module: str, purpose: str = "") -> ModuleType:
     except ImportError as e:
         hint = _INSTALL.get(module, _INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}"))
         why = f" for {purpose}" if purpose else ""
-        raise MissingDependency(f"{module} is needed{why} but is not installed. Install it with:\n    {hint}") from e
+        raise MissingDependency(f"{module} is needed{why} but is not installed; install it with: {hint}") from e
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:

@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="skip the pre-flight check that refuses a config whose training step cannot fit in memory")
 
 
 def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                             f"with span {cfg.data.seq_len})")
     try:
         result = train(cfg, cfg.data.store, labels, resume=not args.no_resume, fsdp=args.fsdp, device=args.device,
+                       memory_check=not args.no_memory_check,
                        stop_after=args.stop_after, progress=not args.no_progress)
     except StoreError as e:
         raise UserError(str(e)) from None

@@ -44,6 +44,7 @@ from rpt.train.losses import (
     recall_at_k,
     relevance_from_candidates,
 )
+from rpt.train.memory import check_fits
 from rpt.train.optim import build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
 from rpt.utils import RPTWarning, UserError
@@ -251,7 +252,7 @@ def _check_config(cfg: RPTConfig) -> None:
 def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
           fsdp: bool = False, device: str | None = None, stop_after: int | None = None, progress: bool = True,
           model_factory: Callable[[ModelConfig], nn.Module] | None = None,
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, dict[str, float]], None] | None = None, memory_check: bool = True) -> TrainResult:
     """Train `cfg.model` on the token store under `store_root` (default cfg.data.store) for cfg.train.steps updates.
 
     labels_path: the label store of the training split (needed by retro, rpt-lex, rpt-sem; span = data.seq_len).
@@ -262,20 +263,22 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     stop_after: stop (with a checkpoint) after this many updates of this call, e.g. to fit a time budget.
     model_factory: builds the model from cfg.model (default rpt.RPT); the model must follow RPT's forward signature.
     on_step: called on every rank after each update with (updates done, that step's metrics).
+    memory_check: refuse, before anything is built, a config whose step cannot fit in the memory available
+        (rpt.train.memory: the estimate and its parts are in the message).
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
     """
     _check_config(cfg)
     info = D.setup(device)
     try:
         return _train(cfg, info, store_root, labels_path, resume, fsdp, stop_after, progress, model_factory or _default_model,
-                      on_step)
+                      on_step, memory_check)
     finally:
         D.teardown(info)
 
 
 def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labels_path: str | Path | None, resume: bool,
            fsdp: bool, stop_after: int | None, progress: bool, model_factory: Callable[[ModelConfig], nn.Module],
-           on_step: Callable[[int, dict[str, float]], None] | None) -> TrainResult:
+           on_step: Callable[[int, dict[str, float]], None] | None, memory_check: bool = True) -> TrainResult:
     tc, mcfg = cfg.train, cfg.model
     out_dir = Path(tc.out_dir)
     dev = info.device
@@ -293,6 +296,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                              f"built by `rpt label` with span = data.seq_len {cfg.data.seq_len})")
         labels = open_labels(labels_path)
         check_labels(labels, store, cfg)
+    if memory_check and not fsdp:  # FSDP shards the states over ranks: the estimate is for one whole model
+        check_fits(cfg, dev)
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
 

@@ -146,3 +146,40 @@ def test_our_warnings_print_as_one_line():
     text = warnings.formatwarning("skipping x", RPTWarning, "f.py", 3)
     assert text == "rpt: warning: skipping x\n"
     assert "f.py" in warnings.formatwarning("other", UserWarning, "f.py", 3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# a step that cannot fit in memory is refused before anything is built
+
+
+def test_a_sequence_too_long_for_memory_is_refused_with_the_estimate(tmp_path, capsys):
+    root = tmp_path / "store"
+    make_store(root / "train", [160, 192])
+    out = tmp_path / "huge"
+    small = [a for a in SMALL if a not in ("--seq-len", "64")]
+    args = ["train", "--preset", "tiny", "--variant", "xl", "--store", str(root), "--out", str(out), "--steps", "2",
+            *small, "--set", "data.seq_len=100000000"]
+    assert main(args) == 2
+    one_error_line(capsys, "train", "data.seq_len=100,000,000", "GiB", "logits", "is available", "--no-memory-check")
+    assert not (out / "checkpoints").exists()
+
+
+def test_the_estimate_counts_the_model_and_grows_with_the_step():
+    from rpt.config import RPTConfig
+    from rpt.model.rpt import RPT
+    from rpt.train.memory import check_fits, estimate_step_memory
+    from rpt.utils import UserError
+
+    cfg = RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=512)
+    cfg.data.seq_len = 1024
+    est = estimate_step_memory(cfg)
+    assert est.parameters == RPT(cfg.model).num_parameters() and est.states == 16 * est.parameters
+    assert est.retrieval > 0 and estimate_step_memory(RPTConfig.from_preset("tiny", variant="xl")).retrieval == 0
+    cfg.data.seq_len *= 2
+    doubled = estimate_step_memory(cfg)
+    assert doubled.logits == 2 * est.logits and doubled.layers == 2 * est.layers and doubled.total > est.total
+    cfg.train.batch_size *= 2
+    assert estimate_step_memory(cfg).logits == 2 * doubled.logits
+    assert check_fits(cfg, "cpu", available=10 * doubled.total).total == estimate_step_memory(cfg).total
+    with pytest.raises(UserError, match=r"train.batch_size=\d+.*is available"):
+        check_fits(cfg, "cpu", available=doubled.total // 4)
