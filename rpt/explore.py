@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from rpt.chunks import last_retrievable
+from rpt.config import check_neighbors
 
 if TYPE_CHECKING:
     from rpt.data.tokenizer import Tokenizer
@@ -200,6 +201,7 @@ def explore_document(model: RPT, tokens: np.ndarray | Sequence[int], *, labels: 
     a target); compare: extra passes among "none", "bm25", "gold" whose target loss is reported beside the model's."""
     cfg = model.cfg
     M, S = cfg.chunk_size, cfg.segment_len
+    check_neighbors(n_neighbors, "n_neighbors")
     K = n_neighbors or cfg.n_neighbors
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or len(tokens) == 0:

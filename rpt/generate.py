@@ -26,6 +26,7 @@ Dimension letters: B batch (prompts of one group), T prompt tokens, V vocabulary
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
+from rpt.config import check_neighbors
 from rpt.utils import UserError
 
 if TYPE_CHECKING:
@@ -65,14 +67,13 @@ class GenerateConfig:
     def validate(self) -> None:
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if not self.greedy and self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # NaN fails every comparison
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.n_neighbors is not None and self.n_neighbors < 1:
-            raise ValueError(f"n_neighbors must be >= 1, got {self.n_neighbors}")
+        check_neighbors(self.n_neighbors, "n_neighbors")
         if self.retrieve_k is not None and self.retrieve_k < 1:
             raise ValueError(f"retrieve_k must be >= 1, got {self.retrieve_k}")
         if self.ragged not in ("separate", "truncate"):
@@ -448,10 +449,12 @@ def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
     return None
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None) -> LoadedModel:
+def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None,
+               allow_other_tokenizer: bool = False) -> LoadedModel:
     """Load a checkpoint for inference (eval mode, on `device`): its folder, its model.safetensors, or a run folder
     (the newest checkpoint), through the shared `load_model` of rpt.checkpoint. The tokenizer is `tokenizer` if given, else
-    found by `find_tokenizer` (None when nowhere to be found). The one place generation and the explorer load models."""
+    found by `find_tokenizer` (None when nowhere to be found); it must be the one the run recorded (see
+    `check_tokenizer`). The one place generation and the explorer load models."""
     from rpt.checkpoint import load_model as load_checkpoint
     from rpt.checkpoint import resolve_checkpoint
     from rpt.data.tokenizer import Tokenizer
@@ -462,7 +465,38 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: 
     model, cfg = load_checkpoint(folder, device)
     tok_path = Path(tokenizer) if tokenizer is not None else find_tokenizer(folder, cfg)
     tok = Tokenizer.from_file(tok_path) if tok_path is not None else None
-    if tok is not None and tok.vocab_size > cfg.model.vocab_size:
-        raise UserError(f"tokenizer {tok_path} has {tok.vocab_size} ids but the model's vocabulary is "
-                        f"{cfg.model.vocab_size}: it is not the tokenizer this checkpoint was trained with")
+    if tok is not None:
+        check_tokenizer(tok, folder, cfg, allow_other_tokenizer)
     return LoadedModel(model, cfg, tok, folder)
+
+
+def check_tokenizer(tok: Tokenizer, folder: Path, cfg: RPTConfig, allow_other: bool = False) -> None:
+    """Refuse a tokenizer other than the one the run recorded (`rpt.checkpoint.checkpoint_tokenizer`): its ids name
+    other strings, and the model would continue the prompt with fluent-looking garbage and exit 0. `allow_other` lets
+    through a tokenizer the user knows to be compatible (e.g. re-saved); ids past the model's embedding never pass."""
+    from rpt.checkpoint import checkpoint_tokenizer
+
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise UserError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model's vocabulary is "
+                        f"{cfg.model.vocab_size}: it is not the tokenizer this checkpoint was trained with")
+    recorded = checkpoint_tokenizer(folder, cfg)
+    if allow_other or recorded is None or recorded.get("hash") == tok.hash:
+        return
+    raise UserError(f"tokenizer {tok.name} (hash {tok.hash[:12]}) is not the one checkpoint {folder} was trained with, "
+                    f"{recorded.get('name')} (hash {str(recorded.get('hash'))[:12]}): pass that one with --tokenizer, or "
+                    "--allow-other-tokenizer if its ids mean the same tokens")
+
+
+def read_text_file(path: str | Path, flag: str) -> str:
+    """The UTF-8 text of a file the user named with `flag`, or a UserError naming both (missing, unreadable, or not
+    UTF-8: a bare UnicodeDecodeError says neither which file nor which option)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{flag} {p}: no such file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} {p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); convert it "
+                        "first, e.g. iconv -f latin1 -t utf-8") from None
+    except OSError as e:
+        raise UserError(f"{flag} {p}: cannot read it ({e.strerror})") from None

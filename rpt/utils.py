@@ -34,12 +34,17 @@ class RPTWarning(UserWarning):
     """A warning of ours meant for the user (a skipped damaged file, a fallback): the CLI prints it as one line."""
 
 
+def install_hint(module: str) -> str:
+    """The command that installs an optional dependency (one line)."""
+    return _INSTALL.get(module, _INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}"))
+
+
 def require(module: str, purpose: str = "") -> ModuleType:
     """Import an optional dependency or fail with the command that installs it."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        hint = _INSTALL.get(module, _INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}"))
+        hint = install_hint(module)
         why = f" for {purpose}" if purpose else ""
         raise MissingDependency(f"{module} is needed{why} but is not installed; install it with: {hint}") from e
 

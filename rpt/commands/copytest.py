@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from rpt.cli import UserError
-    from rpt.config import VARIANTS
+    from rpt.config import VARIANTS, RPTConfig
     from rpt.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.utils import parse_seeds
 
@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
                          model_overrides=overrides, label_query=args.label_query)
     try:
         far_distance(s)
+        # a misspelt or mistyped --set field fails now, not when the first retrieving variant starts training
+        RPTConfig.from_preset(s.preset, variant=variants[0] if variants else "rpt-sem", segment_len=s.segment_len,
+                              **overrides)
     except ValueError as e:
         raise UserError(str(e)) from None
     summary = run_copytest(s)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,14 @@ ORDER = 40
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.config import MAX_NEIGHBORS
+
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (checkpoints/step_*), its model.safetensors, "
                    "or a run folder (its newest checkpoint)")
     p.add_argument("--store", required=True, help="token store root written by `rpt prepare` (or one split's folder)")
     p.add_argument("--split", default="test", help="split to evaluate (default test)")
-    p.add_argument("--neighbors", type=int, default=2, help="K, neighbours per chunk at inference: 2, 3 or 4 (default 2)")
+    p.add_argument("--neighbors", type=int, default=2, help=f"K, neighbours per chunk at inference: 1..{MAX_NEIGHBORS}; "
+                   "each adds 2 chunks of keys to every CCA layer (the paper uses 2, 3 or 4; default 2)")
     p.add_argument("--source", choices=("model", "bm25", "oracle", "none"),
                    help="neighbours fed to CCA: model (own retriever; default for rpt-*), bm25 (query c_q only; default "
                    "for retro), oracle (scorer's best positives; needs --labels), none (default for xl)")
@@ -26,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "needed by --source oracle, --metrics and --baseline")
     p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
                    help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU")
-    p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default: all)")
+    p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>.json)")
     p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
                    "BM25 side by side) and the token-overlap analysis")
@@ -94,16 +96,19 @@ def format_summary(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.cli import UserError
-    from rpt.eval.perplexity import checkpoint_config, default_source, resolve_checkpoint, run_eval
+    from rpt.config import check_neighbors
+    from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
+    from rpt.utils import MissingDependency, UserError, require
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    compare = {}
-    for path in args.compare:
-        if not Path(path).is_file():
-            raise UserError(f"--compare {path}: no such result file")
-        compare[path] = json.loads(Path(path).read_text())
+    check_neighbors(args.neighbors)
+    if args.plots:
+        try:
+            require("matplotlib", "--plots")  # now, not after the evaluation
+        except MissingDependency as e:
+            raise UserError(" ".join(str(e).split())) from None
+    compare = {path: read_result(path, "--compare") for path in args.compare}
     out = args.out
     if out is None:
         folder = resolve_checkpoint(args.checkpoint)

@@ -12,6 +12,8 @@ ORDER = 55
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.config import MAX_NEIGHBORS
+
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder, its model.safetensors, or a run folder")
     p.add_argument("--store", help="token store root written by `rpt prepare` (the document is <store>/<split> --doc)")
     p.add_argument("--split", default="test", help="split of --store (default test)")
@@ -22,18 +24,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: <store>/labels/<split>-sem-doc (or -lex-doc) when it exists")
     p.add_argument("--out", default="explore.html", help="the HTML file to write (default explore.html)")
     p.add_argument("--top", type=int, default=4, help="neighbours shown per column (default 4)")
-    p.add_argument("--neighbors", type=int, help="K neighbours fed to CCA (default: the model's n_neighbors)")
-    p.add_argument("--chunks", help="query chunks to show, A:B (default: every chunk that can retrieve)")
+    p.add_argument("--neighbors", type=int, help=f"K neighbours fed to CCA, 1..{MAX_NEIGHBORS} (default: the model's "
+                   "n_neighbors; the paper uses 2 to 4)")
+    p.add_argument("--chunks", help="query chunks to show: A:B (A to B-1), A: (A to the end) or A; a query chunk needs a "
+                   "target chunk after it, so A is at most the document's chunk count - 2 (default: every chunk that "
+                   "can retrieve)")
     p.add_argument("--compare", default="", help="comma list of none,bm25,gold: also compute each target chunk's loss "
                    "with no neighbours / BM25's / the gold ones fed to CCA (one more pass over the document each)")
     p.add_argument("--memory", choices=["auto", "torch", "faiss"], default="auto",
                    help="document memory: torch matmul, Faiss on CPU, or auto (torch on GPU, Faiss on CPU if installed)")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the store's)")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the store's); refused when the "
+                   "run recorded another one")
+    p.add_argument("--allow-other-tokenizer", action="store_true", help="use --tokenizer even though the run recorded "
+                   "another tokenizer (one you know maps the same ids to the same tokens)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
 
 
-def _chunk_range(spec: str | None) -> range | None:
+def _chunk_range(spec: str | None, n_chunks: int) -> range | None:
+    """--chunks as a range of query chunks of a document of `n_chunks` chunks. Query chunks are 0 .. n_chunks - 2 (the
+    last chunk has no target); an empty or reversed range, or one that starts past them, selects nothing and is an
+    error rather than a page without chunks. An end past the document is cut to it (A: means exactly that)."""
     from rpt.cli import UserError
 
     if not spec:
@@ -46,7 +57,13 @@ def _chunk_range(spec: str | None) -> range | None:
             hi = lo + 1
     except ValueError:
         raise UserError(f"--chunks {spec!r}: expected A:B (e.g. 40:80), A: or a single chunk index") from None
-    return range(lo, hi)
+    last = n_chunks - 2
+    if lo < 0 or hi <= lo:
+        raise UserError(f"--chunks {spec!r}: an empty or reversed range; give A:B with 0 <= A < B (query chunks 0..{last})")
+    if lo > last:
+        raise UserError(f"--chunks {spec!r}: the document has query chunks 0..{last} ({n_chunks} chunks; the last one "
+                        "is only a target)")
+    return range(lo, min(hi, last + 1))
 
 
 def _doc_index(store, doc: str) -> int:
@@ -70,10 +87,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from rpt.cli import UserError
+    from rpt.config import check_neighbors
     from rpt.data.store import StoreError, TokenStore
     from rpt.data.tokenizer import Tokenizer
     from rpt.explore import COMPARE, explore_document, render_html
-    from rpt.generate import load_model, memory_factory
+    from rpt.generate import load_model, memory_factory, read_text_file
 
     if (args.store is None) == (args.text is None):
         raise UserError("give the document with --store ROOT [--split S --doc D] or with --text FILE (one of them)")
@@ -85,21 +103,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--compare: unknown {bad}; choose from {','.join(COMPARE)}")
     if args.top < 1:
         raise UserError("--top must be >= 1")
+    check_neighbors(args.neighbors)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = load_model(args.checkpoint, device, args.tokenizer)
+    loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     mcfg = loaded.config.model
     tok = loaded.tokenizer
     meta: dict[str, str] = {"checkpoint": str(loaded.path)}
     labels, label_kind = None, "sem"
 
     if args.text:
-        path = Path(args.text)
-        if not path.is_file():
-            raise UserError(f"--text {path}: no such file")
+        text = read_text_file(args.text, "--text")
         if tok is None:
             raise UserError(f"cannot find the tokenizer of {loaded.path}: pass --tokenizer")
-        tokens = np.asarray(tok.encode(path.read_text(encoding="utf-8")), dtype=np.int64)
-        meta["document"] = str(path)
+        tokens = np.asarray(tok.encode(text), dtype=np.int64)
+        meta["document"] = args.text
     else:
         root = Path(args.store)
         try:
@@ -135,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
             meta["labels"] = f"{label_path} ({ls.kind}, scorer {ls.manifest.get('scorer', '?')})"
     if len(tokens) < 2 * mcfg.chunk_size:
         raise UserError(f"the document has {len(tokens)} tokens: fewer than two chunks of {mcfg.chunk_size}")
+    chunks = _chunk_range(args.chunks, len(tokens) // mcfg.chunk_size)
     exp = explore_document(loaded.model, tokens, labels=labels, label_kind=label_kind, top=args.top,
-                           n_neighbors=args.neighbors, chunks=_chunk_range(args.chunks), compare=compare,
+                           n_neighbors=args.neighbors, chunks=chunks, compare=compare,
                            memory=memory_factory(args.memory, device))
     page = render_html(exp, tok, title=f"RPT retrieval explorer — {meta['document']}", meta=meta)
     out = Path(args.out)

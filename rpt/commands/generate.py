@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.config import MAX_NEIGHBORS
+
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder (runs/<name>/checkpoints/step_N), its "
                    "model.safetensors, or a run folder (its newest checkpoint)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -27,14 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
     p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i (default 0)")
     p.add_argument("--stop-at-eos", action="store_true", help="stop a continuation at the end-of-text token")
-    p.add_argument("--neighbors", type=int, help="K neighbours fed to CCA (default: the model's n_neighbors)")
+    p.add_argument("--neighbors", type=int, help=f"K neighbours fed to CCA, 1..{MAX_NEIGHBORS} (default: the model's "
+                   "n_neighbors; the paper uses 2 to 4)")
     p.add_argument("--retrieve-k", type=int, help="also report the retriever's top-R per chunk (rpt-* variants)")
     p.add_argument("--ragged", choices=["separate", "truncate"], default="separate",
                    help="prompts of different lengths: run each length as its own batch (default), or cut all on the "
                    "left to the shortest (the model runs a batch in lockstep, without padding)")
     p.add_argument("--memory", choices=["auto", "torch", "faiss"], default="auto",
                    help="document memory: torch matmul, Faiss on CPU, or auto (torch on GPU, Faiss on CPU if installed)")
-    p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the one beside data.store)")
+    p.add_argument("--tokenizer", help="tokenizer.json (default: the checkpoint's, else the one beside data.store); "
+                   "refused when the run recorded another one")
+    p.add_argument("--allow-other-tokenizer", action="store_true", help="use --tokenizer even though the run recorded "
+                   "another tokenizer (one you know maps the same ids to the same tokens)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
     p.add_argument("--echo", action="store_true", help="print the prompt before its continuation")
@@ -43,16 +50,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write every result (prompt, tokens, text, retrieved ids per chunk) to this file")
 
 
+def check_sampling(args: argparse.Namespace) -> None:
+    """Every number of the command line, before the model loads: a NaN temperature would otherwise surface as a
+    traceback from torch.multinomial, and a huge K as minutes of work."""
+    from rpt.cli import UserError
+    from rpt.config import check_neighbors
+
+    if args.max_new_tokens < 0:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: 0 or more")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature {args.temperature}: a finite number >= 0 (0 = greedy)")
+    if not 0 < args.top_p <= 1:  # NaN fails too
+        raise UserError(f"--top-p {args.top_p}: top_p must be in (0, 1] (1 = off)")
+    if args.top_k < 0:
+        raise UserError(f"--top-k {args.top_k}: 0 (off) or more")
+    if args.retrieve_k is not None and args.retrieve_k < 1:
+        raise UserError(f"--retrieve-k {args.retrieve_k}: 1 or more")
+    check_neighbors(args.neighbors)
+
+
 def read_prompts(args: argparse.Namespace) -> list[str]:
     from rpt.cli import UserError
+    from rpt.generate import read_text_file
 
     if args.prompt is not None:
         prompts = list(args.prompt)
     else:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise UserError(f"--prompt-file {path}: no such file")
-        text = path.read_text(encoding="utf-8")
+        text = read_text_file(args.prompt_file, "--prompt-file")
         if args.prompt_sep == "line":
             prompts = [line for line in text.splitlines() if line.strip()]
         elif args.prompt_sep == "blank":
@@ -77,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
     from rpt.generate import ChunkEvent, GenerateConfig, TokenEvent, generate, load_model, memory_factory
 
+    check_sampling(args)
     prompts = read_prompts(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = load_model(args.checkpoint, device, args.tokenizer)
+    loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     tok = loaded.tokenizer
     if tok is None:
         raise UserError(f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in the checkpoint or run folder, "

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
 from rpt.chunks import chunks_per_segment, last_retrievable
+from rpt.config import check_neighbors
 from rpt.data.store import StoreError, TokenStore
 from rpt.eval import analysis, metrics
 from rpt.eval.memory import MemoryKind, make_memory, memory_name
@@ -337,6 +338,27 @@ def subgroups_against(result: dict[str, Any], baseline: dict[str, Any], labels, 
     return {**analysis.finalize_subgroups(sums), "definition": analysis.IMPROVEMENT}
 
 
+def read_result(path: str | Path, flag: str, per_chunk: bool = False) -> dict[str, Any]:
+    """A result JSON written by `run_eval` (the file `flag` names), checked before any evaluation: a file that is not
+    JSON, or JSON of something else, is a UserError naming it, not a KeyError (or a traceback) after minutes of work.
+    per_chunk: it must also hold per-chunk data (made with --per-chunk), as --baseline needs."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{flag} {p}: no such result file")
+    try:
+        result = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{flag} {p}: not a JSON file ({e})") from None
+    if (not isinstance(result, dict) or not {"format_version", "config", "eval", "total", "documents"} <= set(result)
+            or not isinstance(result["eval"], dict)):
+        raise UserError(f"{flag} {p}: not a result of `rpt eval` (no format_version, config, eval, total and documents)")
+    if result["format_version"] != RESULT_VERSION:
+        raise UserError(f"{flag} {p}: result format {result['format_version']}, this version reads {RESULT_VERSION}")
+    if per_chunk and not result["eval"].get("per_chunk"):
+        raise UserError(f"{flag} {p}: has no per-chunk data; evaluate it again with --per-chunk")
+    return result
+
+
 def open_split(store_root: str | Path, split: str) -> TokenStore:
     """<root>/<split>/ of an `rpt prepare` root, or `store_root` itself when it is a store folder."""
     root = Path(store_root)
@@ -370,17 +392,14 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
     from rpt.data.store import StoreError as _StoreError
     from rpt.train import distributed as D
 
-    if n_neighbors < 1:
-        raise UserError(f"--neighbors must be >= 1, not {n_neighbors}")
+    check_neighbors(n_neighbors)
     if max_documents < 0:
         raise UserError(f"--max-documents must be >= 0, not {max_documents}")
     ckpt = resolve_checkpoint(checkpoint)  # before anything heavy: a wrong path is the commonest mistake
     tokens_store = open_split(store, split)
     base = None
     if baseline is not None:
-        if not Path(baseline).is_file():
-            raise UserError(f"--baseline {baseline}: no such result file")
-        base = json.loads(Path(baseline).read_text())
+        base = read_result(baseline, "--baseline", per_chunk=True)
         per_chunk = True
     info = D.setup(None if device in (None, "auto") else device)
     dev = info.device
