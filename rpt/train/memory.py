@@ -17,7 +17,7 @@ its backward pass, in bytes:
 - the runtime itself (torch, the process, allocator slack: about 0.35 GB on the CPU).
 
 `benchmarks/memory_estimate.py` prints this estimate next to the measured peak for a grid of configs; on the 2-core CPU
-it is within about 25% of the measured peak RSS (docs/results.md). The refusal uses the estimate as it is: a config
+it is within 15% of the measured peak RSS (docs/results.md §6). The refusal allows a 25% margin on top: a config
 whose estimate exceeds the memory available by more than that margin would not have fitted either.
 """
 
