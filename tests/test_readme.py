@@ -9,7 +9,6 @@ win in argparse, and none of them changes what the command means. Not run here, 
 
 import re
 import shlex
-import time
 from pathlib import Path
 
 import pytest
@@ -53,12 +52,9 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
         if argv[0] == "torchrun" or argv[1] in ELSEWHERE:
             continue
         verb = argv[1]
-        t0 = time.perf_counter()
         extra = ["--max-documents", "1"] if verb == "label" and "test" in argv else []  # eval and explore read doc 0
         code = main([*argv[1:], *SMALL[verb], *extra])
         out = capsys.readouterr()
-        with capsys.disabled():
-            print(f"{time.perf_counter() - t0:6.1f} s  {line}")
         assert code == 0, f"README command failed (exit {code}): {line}\n{out.err[-2000:]}"
         ran.append(verb)
     assert ran.count("label") == 3 and ran.count("train") == 2 and {"prepare", "eval", "generate", "explore"} <= set(ran)
