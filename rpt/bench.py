@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rpt.config import VARIANTS, RPTConfig
+from rpt.train.memory import count_parameters
 from rpt.utils import UserError, write_json_atomic
 
 # dense bf16 peak FLOP/s used for MFU (vendor datasheets)
@@ -43,9 +44,8 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _flops_per_token(model: torch.nn.Module, cfg: RPTConfig) -> float:
-    """6 N per token for the weights plus the attention score/value products (window 2S, causal half on average)."""
-    n = sum(p.numel() for p in model.parameters())
+def _flops_per_token(n: int, cfg: RPTConfig) -> float:
+    """6 N per token for the N weights plus the attention score/value products (window 2S, causal half on average)."""
     attn = 6 * cfg.model.n_layers * cfg.model.d_model * (1.5 * cfg.model.segment_len)
     return 6 * n + attn
 
@@ -90,10 +90,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
         dts = np.diff(stamps[warmup - 1 :]) if len(stamps) > warmup else np.diff(stamps)
         sec = float(np.median(dts))
         tokens = batch_size * seq_len
-        from rpt.model.rpt import RPT
-
-        with torch.device("meta"):
-            n_params = RPT(cfg.model).num_parameters()
+        n_params = count_parameters(cfg)
         row = {"seconds_per_update": sec, "tokens_per_s": tokens / sec, "parameters": n_params,
                "peak_rss_mb": _peak_rss_mb()}
         if torch.cuda.is_available():
@@ -101,9 +98,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
             name = torch.cuda.get_device_name(0)
             peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
             if peak:
-                with torch.device("meta"):
-                    fpt = _flops_per_token(RPT(cfg.model), cfg)
-                row["mfu"] = tokens / sec * fpt / peak
+                row["mfu"] = tokens / sec * _flops_per_token(n_params, cfg) / peak
         rows[variant] = row
     base = rows["xl"]["seconds_per_update"]
     for r in rows.values():

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rpt.config import RPTConfig
-from rpt.utils import RPTWarning, UserError, write_json_atomic
+from rpt.utils import RPTWarning, UserError, error_line, write_json_atomic
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 CHECKED_FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "config.yaml")
@@ -146,11 +146,12 @@ def verify(folder: str | Path, files: tuple[str, ...] = CHECKED_FILES) -> None:
         rec = recorded.get(name)
         if rec is None:
             continue
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
         if size != rec["bytes"]:
             raise DamagedCheckpoint(f"{path} has {size:,} bytes where its checkpoint recorded {rec['bytes']:,} "
                                     "(cut short or overwritten)")
-        if _cached_sha256(str(path), size, path.stat().st_mtime_ns) != rec["sha256"]:
+        if _cached_sha256(str(path), size, st.st_mtime_ns) != rec["sha256"]:
             raise DamagedCheckpoint(f"{path} does not match the sha256 its checkpoint recorded (the file was altered)")
 
 
@@ -197,15 +198,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path} is missing") from None
     except Exception as e:  # safetensors' SafetensorError, a torn header (JSON), an OS error
-        raise DamagedCheckpoint(f"{path} cannot be read as safetensors ({_first_line(e)})") from None
+        raise DamagedCheckpoint(f"{path} cannot be read as safetensors ({error_line(e)})") from None
     for alias, name in aliases.items():
         state[alias] = state[name]
     return state
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _torch_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
@@ -214,7 +210,7 @@ def _torch_load(path: Path, map_location: str | torch.device = "cpu") -> Any:
     except FileNotFoundError:
         raise DamagedCheckpoint(f"{path} is missing") from None
     except Exception as e:  # PytorchStreamReader errors on a torn zip, unpickling errors
-        raise DamagedCheckpoint(f"{path} cannot be read ({_first_line(e)})") from None
+        raise DamagedCheckpoint(f"{path} cannot be read ({error_line(e)})") from None
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:

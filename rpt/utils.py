@@ -34,6 +34,12 @@ class RPTWarning(UserWarning):
     """A warning of ours meant for the user (a skipped damaged file, a fallback): the CLI prints it as one line."""
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line, "Type: first line of its message" (library errors often span many lines)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def install_hint(module: str) -> str:
     """The command that installs an optional dependency (one line)."""
     return _INSTALL.get(module, _INSTALL.get(module.split(".")[0], f"pip install {module.split('.')[0]}"))

@@ -98,16 +98,13 @@ def run(args: argparse.Namespace) -> int:
 
     from rpt.config import check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
-    from rpt.utils import MissingDependency, UserError, require
+    from rpt.utils import require
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    check_neighbors(args.neighbors)
+    check_neighbors(args.neighbors)  # before the default --out below resolves (and verifies) the checkpoint
     if args.plots:
-        try:
-            require("matplotlib", "--plots")  # now, not after the evaluation
-        except MissingDependency as e:
-            raise UserError(" ".join(str(e).split())) from None
+        require("matplotlib", "--plots")  # now, not after the evaluation
     compare = {path: read_result(path, "--compare") for path in args.compare}
     out = args.out
     if out is None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -50,23 +50,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write every result (prompt, tokens, text, retrieved ids per chunk) to this file")
 
 
-def check_sampling(args: argparse.Namespace) -> None:
-    """Every number of the command line, before the model loads: a NaN temperature would otherwise surface as a
-    traceback from torch.multinomial, and a huge K as minutes of work."""
-    from rpt.cli import UserError
-    from rpt.config import check_neighbors
+_FLAGS = {"n_neighbors": "--neighbors"}  # GenerateConfig fields whose flag is not --<field with dashes>
 
-    if args.max_new_tokens < 0:
-        raise UserError(f"--max-new-tokens {args.max_new_tokens}: 0 or more")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise UserError(f"--temperature {args.temperature}: a finite number >= 0 (0 = greedy)")
-    if not 0 < args.top_p <= 1:  # NaN fails too
-        raise UserError(f"--top-p {args.top_p}: top_p must be in (0, 1] (1 = off)")
-    if args.top_k < 0:
-        raise UserError(f"--top-k {args.top_k}: 0 (off) or more")
-    if args.retrieve_k is not None and args.retrieve_k < 1:
-        raise UserError(f"--retrieve-k {args.retrieve_k}: 1 or more")
-    check_neighbors(args.neighbors)
+
+def sampling_config(args: argparse.Namespace):
+    """The GenerateConfig of the command line, validated before the model loads (a NaN temperature would otherwise
+    surface as a traceback from torch.multinomial, a huge K as minutes of work). GenerateConfig.validate does the
+    checking; its message is prefixed with the flag and the value given. The tokenizer's eos_id and vocab_size are
+    filled in once it is loaded."""
+    from rpt.cli import UserError
+    from rpt.generate import GenerateConfig
+
+    cfg = GenerateConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
+                         top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop_at_eos=False,
+                         n_neighbors=args.neighbors, retrieve_k=args.retrieve_k, ragged=args.ragged)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        field = str(e).split()[0]
+        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        shown = format(value, "g") if isinstance(value, (int, float)) else value
+        raise UserError(f"{flag} {shown}: {e}") from None
+    return cfg
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -99,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from rpt.cli import UserError
-    from rpt.generate import ChunkEvent, GenerateConfig, TokenEvent, generate, load_model, memory_factory
+    from rpt.generate import ChunkEvent, TokenEvent, generate, load_model, memory_factory
 
-    check_sampling(args)
+    cfg = sampling_config(args)
     prompts = read_prompts(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
@@ -112,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
     ids = [tok.encode(p) for p in prompts]
     if any(not x for x in ids):
         raise UserError("empty prompt: it encodes to no tokens")
-    cfg = GenerateConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
-                         top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop_at_eos=args.stop_at_eos,
-                         eos_id=tok.eos_id, n_neighbors=args.neighbors, retrieve_k=args.retrieve_k, ragged=args.ragged,
-                         vocab_size=tok.vocab_size)
+    cfg = dataclasses.replace(cfg, stop_at_eos=args.stop_at_eos, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
     if cfg.stop_at_eos and cfg.eos_id is None:
         raise UserError("--stop-at-eos: the tokenizer has no end-of-text token")
     M = loaded.config.model.chunk_size

