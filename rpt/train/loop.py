@@ -209,6 +209,17 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str
     return [name[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
+def hold_gate(model: nn.Module) -> None:
+    """Drop the neighbour gate's gradients, so the optimiser leaves its parameters (and their moments) as they are
+    (train.gate_hold_steps). Why: early in training CCA cannot yet read its neighbours, so closing every gate lowers
+    the loss; a closed gate then scales CCA's values, and with them the signal CCA learns from, by eta
+    (docs/results.md §1e: on code two of three seeds closed their gates to eta in 200-400 updates and never read
+    their neighbours)."""
+    for name, p in D.unwrap(model).named_parameters():
+        if name.startswith("gate."):
+            p.grad = None
+
+
 def _full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model state, optimizer state) of the whole model, in the single-process format (optimizer state keyed by
     parameter index). A collective under FSDP: the full tensors are gathered to rank 0 (the others get {})."""
@@ -398,6 +409,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             D.all_reduce_sum(sums, info)
             s = sums.cpu()
             lm_mean, ret_mean = normalise(s[_LM], s[_LM_N]).item(), normalise(s[_RET], s[_RET_N]).item()
+            if step < tc.gate_hold_steps:
+                hold_gate(model)
             grad_norm = float(clip_gradients(model, tc.grad_clip))
             if not (math.isfinite(lm_mean) and math.isfinite(ret_mean) and math.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
