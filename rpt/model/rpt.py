@@ -29,13 +29,15 @@ from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weigh
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
+from rpt.train.losses import Sum, lm_loss_chunked
 
 
 @dataclass
 class RPTOutput:
     """What `forward` / `step` return.
 
-    logits            [B, T, V]
+    logits            [B, T, V]; None when forward computed the LM loss itself (loss_chunk > 0)
+    lm                (summed NLL, number of targets) of the LM loss, computed in chunks (forward with loss_chunk)
     retrieval_scores  [B, C, C] s_q(c_j) for query chunk i, -inf where j is not retrievable (forward, rpt-* only)
     neighbor_ids      [B, C, K] chunk ids CCA used (-1 = empty slot); None for xl
     top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
@@ -43,7 +45,8 @@ class RPTOutput:
     chunk_start       index of the first chunk the per-chunk fields describe (0 for forward)
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
+    lm: Sum | None = None
     retrieval_scores: torch.Tensor | None = None
     neighbor_ids: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
@@ -171,11 +174,16 @@ class RPT(nn.Module):
     # ------------------------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
                 use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None) -> RPTOutput:
+                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None) -> RPTOutput:
         """input_ids [B, T]. neighbor_ids [B, C, K'] supplied neighbour chunk ids (sequence-relative, -1 = empty):
         BM25 for retro, gold for scheduled sampling, oracle at evaluation. use_supplied [B, C] picks supplied over
         the retriever's own top-K per query chunk (None: supplied everywhere when given). Supplied ids that break the
-        retrievable rule are dropped, so no caller can leak the future."""
+        retrievable rule are dropped, so no caller can leak the future.
+
+        loss_chunk > 0: return the LM loss over input_ids (real tokens marked by loss_mask [B, T]) in `out.lm`,
+        computed `loss_chunk` targets at a time (`lm_loss_chunked`), and no logits: the [B, T, V] logits are never
+        materialised (training at large T and V). The loss is computed here rather than by the caller so that it
+        reads the output embedding inside forward, where FSDP has gathered it."""
         cfg = self.cfg
         B, T = input_ids.shape
         S, M = cfg.segment_len, cfg.chunk_size
@@ -214,7 +222,11 @@ class RPT(nn.Module):
             out.neighbor_ids = chosen[:, : T // M]
         for layer in self.upper:
             x = layer(x, rot, nkv, 0)
-        out.logits = self._logits(x)[:, :T]
+        if loss_chunk > 0:
+            out.logits = None
+            out.lm = lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids, loss_mask, loss_chunk)
+        else:
+            out.logits = self._logits(x)[:, :T]
         return out
 
     # ------------------------------------------------------------------------------------------------------------

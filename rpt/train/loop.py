@@ -258,6 +258,9 @@ def _check_config(cfg: RPTConfig) -> None:
     for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every"):
         if getattr(t, name) < 1:
             raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    for name in ("loss_chunk", "gate_hold_steps"):
+        if getattr(t, name) < 0:
+            raise ValueError(f"train.{name} must be >= 0, got {getattr(t, name)}")
 
 
 def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
@@ -390,8 +393,14 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             for m, x in enumerate(micro):
                 with D.maybe_no_sync(model, m < len(micro) - 1):
                     with autocast():
-                        out = model(x.batch.input_ids, **x.model_kwargs)
-                    lm = lm_loss(out.logits, x.batch.input_ids, x.batch.loss_mask)
+                        if tc.loss_chunk > 0:  # the model computes its LM loss in chunks: no [B, T, V] logits
+                            out = model(x.batch.input_ids, **x.model_kwargs, loss_chunk=tc.loss_chunk,
+                                        loss_mask=x.batch.loss_mask)
+                            lm = out.lm
+                        else:
+                            out = model(x.batch.input_ids, **x.model_kwargs)
+                    if tc.loss_chunk <= 0:
+                        lm = lm_loss(out.logits, x.batch.input_ids, x.batch.loss_mask)
                     loss = normalise(lm.total, denom[0], info.world_size)
                     zero = lm.total.new_zeros(())
                     ret = rec = Sum(zero, zero)

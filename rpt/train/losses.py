@@ -61,6 +61,63 @@ def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tens
     return Sum((nll * m).sum(), m.sum())
 
 
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of softmax(h W^T) against targets, never holding more than `chunk` rows of logits.
+
+    The forward pass computes, chunk by chunk, the loss and at once its gradients with respect to h and W (softmax
+    minus one-hot, times the mask); backward only scales them by the incoming gradient. Peak extra memory is one
+    [chunk, V] fp32 block plus grad buffers the size of h and W, instead of [N, V] logits, their log-softmax and their
+    gradient (three [N, V] fp32 tensors: ~10 GB for 16K tokens at V = 50K).
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                chunk: int) -> torch.Tensor:  # type: ignore[override]
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.zeros_like(h) if need_grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+        for i in range(0, h.shape[0], chunk):
+            hc, tc, mc = h[i : i + chunk], targets[i : i + chunk], mask[i : i + chunk]
+            logits = (hc @ weight.to(hc.dtype).t()).float()  # [n, V]
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, tc[:, None]).squeeze(1)
+            total += ((lse - picked) * mc).sum()
+            if need_grad:
+                g = torch.softmax(logits, dim=-1)  # d(lse - picked)/d logits = softmax - onehot
+                g[torch.arange(len(tc), device=g.device), tc] -= 1.0
+                g *= mc[:, None]
+                grad_h[i : i + chunk] = (g.to(hc.dtype) @ weight.to(hc.dtype)).to(h.dtype)
+                grad_w += g.t() @ hc.float()
+            del logits
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
+        gw = (grad_w * grad_out).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None, None
+
+
+def lm_loss_chunked(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch.Tensor,
+                    loss_mask: torch.Tensor | None = None, chunk: int = 4096) -> Sum:
+    """`lm_loss(hidden @ weight.T, input_ids, loss_mask)` without ever materialising the [B, T, V] logits.
+
+    hidden [B, T, D] final (normalised) states, weight [V, D] the output projection; `chunk` target tokens at a time.
+    Equal to `lm_loss` on the full logits up to float rounding (tests/train/test_losses.py).
+    """
+    B, T, D = hidden.shape
+    h = hidden[:, :-1].reshape(-1, D)
+    targets = input_ids[:, 1:].reshape(-1)
+    m = (torch.ones_like(targets, dtype=torch.float32) if loss_mask is None
+         else loss_mask[:, 1:].reshape(-1).to(torch.float32))
+    total = _ChunkedLinearCrossEntropy.apply(h, weight, targets, m, max(1, int(chunk)))
+    return Sum(total, m.sum())
+
+
 def lm_token_count(loss_mask: torch.Tensor) -> torch.Tensor:
     """Number of LM targets in a micro-batch, known before the forward pass (the global denominator)."""
     return loss_mask[:, 1:].sum().to(torch.float32)

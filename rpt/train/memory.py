@@ -5,8 +5,10 @@ refuses it at once with the estimate and its parts. The estimate counts what one
 its backward pass, in bytes:
 
 - **states**: fp32 weights, gradients and two optimiser moments, 16 bytes per parameter (AdamW and AdaBelief alike);
-- **logits**: [B, T, V] three times (the logits, the log-softmax saved by cross-entropy, their gradient), in fp32
-  whatever the precision, since the loss casts them;
+- **logits**: with the chunked loss (`train.loss_chunk` targets at a time, the default) two [chunk, V] fp32 blocks (the
+  logits and their softmax) and the [V, D] fp32 gradient of the output embedding it accumulates; with the plain loss
+  (`train.loss_chunk=0`) [B, T, V] three times (the logits, the log-softmax saved by cross-entropy, their gradient),
+  in fp32 whatever the precision, since the loss casts them;
 - **layers**: per token and layer, the tensors autograd saves in a SwiGLU block (about 8 D for norms, q/k/v, the
   attention output and residuals, 4 F for the MLP), plus on the CPU's math attention path two [H, 2S] score matrices
   per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none;
@@ -77,7 +79,10 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
     n_params = count_parameters(cfg)
 
     states = 16 * n_params
-    logits = 3 * 4 * B * T * m.vocab_size
+    if t.loss_chunk > 0:
+        logits = 2 * 4 * min(t.loss_chunk, B * cfg.data.seq_len) * m.vocab_size + 4 * m.vocab_size * m.d_model
+    else:
+        logits = 3 * 4 * B * T * m.vocab_size
     per_layer = 8 * m.d_model + 4 * m.mlp_hidden + (2 * m.n_heads * 2 * m.segment_len if math_attention else 0)
     layers = act * B * T * m.n_layers * per_layer
     retrieval = 0

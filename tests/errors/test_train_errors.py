@@ -177,9 +177,16 @@ def test_the_estimate_counts_the_model_and_grows_with_the_step():
     assert est.retrieval > 0 and estimate_step_memory(RPTConfig.from_preset("tiny", variant="xl")).retrieval == 0
     cfg.data.seq_len *= 2
     doubled = estimate_step_memory(cfg)
-    assert doubled.logits == 2 * est.logits and doubled.layers == 2 * est.layers and doubled.total > est.total
+    assert doubled.layers == 2 * est.layers and doubled.total > est.total
+    # the chunked loss (default) holds [chunk, V] logits, not [B, T, V]: capped at train.loss_chunk tokens
+    chunk_part = 2 * 4 * cfg.train.loss_chunk * 512
+    assert doubled.logits == chunk_part + 4 * 512 * cfg.model.d_model
+    cfg.train.loss_chunk = 0  # full logits: three fp32 [B, T, V] tensors, linear in batch and length
+    full = estimate_step_memory(cfg)
+    assert full.logits == 3 * 4 * cfg.train.batch_size * 2048 * 512
     cfg.train.batch_size *= 2
-    assert estimate_step_memory(cfg).logits == 2 * doubled.logits
+    assert estimate_step_memory(cfg).logits == 2 * full.logits
+    doubled = estimate_step_memory(cfg)
     assert check_fits(cfg, "cpu", available=10 * doubled.total).total == estimate_step_memory(cfg).total
     with pytest.raises(UserError, match=r"train.batch_size=\d+.*is available"):
         check_fits(cfg, "cpu", available=doubled.total // 4)

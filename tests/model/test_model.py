@@ -308,3 +308,29 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
     flat = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_rel_bias_scale=1.0), seed=3)
     torch.testing.assert_close(flat.layers[2].cca.rel_bias.detach() * 16, prior)
     assert prior[0, 2 * M - 1] == -4.0  # head 0: slope 16 * 2^-2, so the aligned key outweighs its neighbours e^4-fold
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
+    """forward(loss_chunk=n) returns the LM loss without logits; loss and every parameter's gradient are those of the
+    plain cross-entropy over the full logits (training's default path is the chunked one)."""
+    from rpt.train.losses import lm_loss
+
+    model = make(variant)
+    x = torch.randint(0, V, (2, T))
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, T - 70 :] = False  # a padded row
+    ids = supplied_ids(2, T // 64) if variant != "xl" else None
+    full = model(x, neighbor_ids=ids)
+    ref = lm_loss(full.logits, x, mask)
+    ref.total.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    out = model(x, neighbor_ids=ids, loss_chunk=100, loss_mask=mask)
+    assert out.logits is None and out.lm.count == ref.count
+    torch.testing.assert_close(out.lm.total, ref.total, rtol=1e-5, atol=1e-4)
+    out.lm.total.backward()
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5, msg=n)

@@ -9,6 +9,7 @@ from rpt.train.losses import (
     delta_ndcg,
     lambdarank_loss,
     lm_loss,
+    lm_loss_chunked,
     normalise,
     recall_at_k,
     relevance_from_candidates,
@@ -29,6 +30,41 @@ def test_lm_loss_shifts_and_masks():
     assert s.count.item() == 6
     assert torch.allclose(s.total, torch.stack(terms).sum())
     assert torch.allclose(s.mean(), torch.stack(terms).mean())
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7, 1000])
+def test_chunked_lm_loss_equals_the_plain_one_in_value_and_gradients(chunk):
+    torch.manual_seed(0)
+    B, T, D, V = 2, 6, 8, 11
+    h = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, D, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, V, (B, T))
+    mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]], dtype=torch.bool)  # 5 + 3 targets; chunks straddle rows and pads
+    plain = lm_loss(h @ w.t(), ids, mask)
+    gh, gw = torch.autograd.grad(3.0 * plain.total, (h, w))
+    chunked = lm_loss_chunked(h, w, ids, mask, chunk=chunk)
+    ch, cw = torch.autograd.grad(3.0 * chunked.total, (h, w))  # the incoming gradient (3) is applied
+    assert chunked.count.item() == plain.count.item() == 8
+    assert torch.allclose(chunked.total.double(), plain.total.double(), atol=1e-5)  # both sum in fp32
+    assert torch.allclose(ch, gh, atol=1e-5) and torch.allclose(cw, gw, atol=1e-5)
+    assert ch[1, 3:].abs().max() == 0  # a position whose target is padding gets no gradient
+    with torch.no_grad():  # evaluation: no gradient buffers are built, same value
+        assert torch.allclose(lm_loss_chunked(h, w, ids, None, chunk).total.double(), lm_loss(h @ w.t(), ids).total.double(),
+                              atol=1e-5)
+
+
+def test_chunked_lm_loss_holds_no_full_logits():
+    # the largest tensor autograd keeps is the size of the inputs, never [N, V]: 4096 targets x V = 50K would be
+    # 800 MB of logits; here the saved tensors are grad_h [N, D] and grad_w [V, D]
+    h = torch.randn(1, 4097, 16, requires_grad=True)
+    w = torch.randn(50_000, 16, requires_grad=True)
+    ids = torch.randint(0, 50_000, (1, 4097))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        loss = lm_loss_chunked(h, w, ids, chunk=256)
+    loss.total.backward()
+    assert saved and max(saved) <= max(h.numel(), w.numel())
+    assert w.grad.shape == w.shape and torch.isfinite(w.grad).all()
 
 
 def test_normalise_splits_a_global_mean_across_micro_batches_and_ranks():

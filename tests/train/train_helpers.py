@@ -15,6 +15,7 @@ from rpt.chunks import last_retrievable, retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.data.store import StoreWriter
 from rpt.labels.store import LabelStore, LabelWriter
+from rpt.train.losses import Sum, lm_loss_chunked
 
 TOKENIZER = {"name": "test-bpe", "hash": "h-test", "vocab_size": 64}
 
@@ -91,9 +92,10 @@ def tiny_config(tmp: Path, variant: str = "rpt-sem", model: dict | None = None, 
 
 @dataclass
 class Out:
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     retrieval_scores: torch.Tensor | None
     neighbor_ids: torch.Tensor | None
+    lm: Sum | None = None
 
 
 class StandIn(nn.Module):
@@ -112,7 +114,7 @@ class StandIn(nn.Module):
         if mcfg.uses_retrieval:
             self.nb = nn.Linear(width, width, bias=False)
 
-    def forward(self, input_ids, neighbor_ids=None, use_supplied=None) -> Out:
+    def forward(self, input_ids, neighbor_ids=None, use_supplied=None, loss_chunk=0, loss_mask=None) -> Out:
         m = self.cfg
         B, T = input_ids.shape
         M, K = m.chunk_size, m.n_neighbors
@@ -137,8 +139,9 @@ class StandIn(nn.Module):
             got = chunks.gather(1, used.clamp_min(0).reshape(B, -1, 1).expand(-1, -1, chunks.shape[-1]))
             got = (got.view(B, C, K, -1) * (used >= 0)[..., None]).sum(2)  # [B, C, W]
             h = h + self.nb(got).repeat_interleave(M, dim=1)
-        logits = self.norm(h) @ self.emb.weight.T
-        return Out(logits, scores, used)
+        if loss_chunk > 0:
+            return Out(None, scores, used, lm_loss_chunked(self.norm(h), self.emb.weight, input_ids, loss_mask, loss_chunk))
+        return Out(self.norm(h) @ self.emb.weight.T, scores, used)
 
 
 def standin_factory(mcfg: ModelConfig) -> nn.Module:
