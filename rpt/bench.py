@@ -6,6 +6,10 @@
 2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
    document memory that grows by a fixed amount per chunk, a bounded K/V cache).
 3. Labelling throughput: BM25 candidates (ours vs bm25s vs rank_bm25) and the scorer (benchmarks/bench_labels.py).
+4. At scale (`rpt bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
+   and labels, each in a fresh process (peak RSS never goes down within one): time per update and its ratio to xl,
+   peak memory next to the pre-flight estimate (rpt.train.memory), the largest batch whose estimate fits a memory
+   budget, and MFU on a GPU; the LM loss with full logits and chunked, side by side.
 
 Numbers from a shared machine are meaningless: run it alone.
 """
@@ -106,6 +110,178 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
     return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "steps_timed": steps - warmup, "variants": rows}
 
 
+def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
+               device: str = "cpu", steps: int = 2, loss_chunk: int | None = None, threads: int | None = None,
+               seed: int = 0) -> dict[str, Any]:
+    """`steps` training updates of one variant on synthetic tokens and labels, in THIS process; returns seconds per
+    update (the median after the first) and the peak memory (max RSS on the CPU, max_memory_allocated on CUDA).
+
+    The step is the training loop's: the model's forward with the chunked LM loss (or full logits, loss_chunk=0),
+    retro fed random retrievable neighbours, rpt-lex / rpt-sem's LambdaRank loss over 4 random candidates per query
+    chunk, backward, global-norm clipping and the configured optimiser. Meant to run in a fresh process
+    (`measure_step`)."""
+    from rpt.chunks import retrievable_mask
+    from rpt.model.rpt import RPT
+    from rpt.train.losses import lambdarank_loss, lm_loss, relevance_from_candidates
+    from rpt.train.optim import build_optimizer, clip_gradients
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
+    if loss_chunk is not None:
+        cfg.train.loss_chunk = loss_chunk
+    cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
+    m, dev = cfg.model, torch.device(device)
+    torch.manual_seed(seed)
+    model = RPT(m).to(dev).train()
+    opt = build_optimizer(model, cfg.train)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, m.vocab_size, (batch_size, seq_len), generator=g).to(dev)
+    C = seq_len // m.chunk_size
+    use_bf16 = cfg.train.precision == "bf16" and dev.type == "cuda"
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    stamps = []
+    for _ in range(steps):
+        nb = (torch.randint(0, C, (batch_size, C, m.n_neighbors), generator=g).to(dev) if variant == "retro" else None)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            if cfg.train.loss_chunk > 0:
+                out = model(ids, nb, loss_chunk=cfg.train.loss_chunk)
+                lm = out.lm
+            else:
+                out = model(ids, nb)
+        if cfg.train.loss_chunk <= 0:
+            lm = lm_loss(out.logits, ids)
+        loss = lm.total / lm.count
+        if out.retrieval_scores is not None:
+            cand = torch.randint(0, C, (batch_size, C, 4), generator=g).to(dev)
+            rel, pos = relevance_from_candidates(cand, torch.rand(batch_size, C, 4, generator=g).to(dev), C)
+            r = lambdarank_loss(out.retrieval_scores, rel, pos, 1.0, retrievable_mask(C, m.chunk_size, m.segment_len, dev))
+            loss = loss + cfg.train.alpha_ret * r.total / r.count.clamp_min(1)
+        loss.backward()
+        clip_gradients(model, cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del out, loss
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+    peak = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    dts = np.diff(stamps)
+    n_params = model.num_parameters()
+    row = {"variant": variant, "preset": preset, "seq_len": seq_len, "batch_size": batch_size,
+           "vocab_size": m.vocab_size, "loss_chunk": cfg.train.loss_chunk, "device": str(dev), "parameters": n_params,
+           "seconds_per_update": float(np.median(dts)) if len(dts) else None, "updates_timed": len(dts),
+           "peak_bytes": int(peak)}
+    if row["seconds_per_update"]:
+        row["tokens_per_s"] = batch_size * seq_len / row["seconds_per_update"]
+        if dev.type == "cuda":
+            peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in torch.cuda.get_device_name(0)), None)
+            if peak_flops:
+                row["mfu"] = row["tokens_per_s"] * _flops_per_token(n_params, cfg) / peak_flops
+    return row
+
+
+def measure_step(**spec: Any) -> dict[str, Any]:
+    """`probe_step(**spec)` in a fresh Python process (its peak memory is its own); UserError naming the config if it
+    fails (e.g. killed for memory)."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "rpt.bench", "probe", json.dumps(spec)], capture_output=True, text=True)
+    if res.returncode:
+        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        if res.returncode < 0:
+            why = f"killed by signal {-res.returncode} (out of memory?)"
+        raise UserError(f"bench probe {spec} failed: {why}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def largest_batch(cfg: RPTConfig, budget_bytes: float, device: str, limit: int = 4096) -> int:
+    """The largest batch size whose step estimate (rpt.train.memory) fits in `budget_bytes` (0 if none does)."""
+    from rpt.train.memory import estimate_step_memory
+
+    best, b = 0, 1
+    while b <= limit:
+        cfg.train.batch_size = b
+        if estimate_step_memory(cfg, device).total > budget_bytes:
+            break
+        best, b = b, b * 2
+    lo, hi = best, min(b, limit + 1)  # the answer lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        cfg.train.batch_size = mid
+        lo, hi = (mid, hi) if estimate_step_memory(cfg, device).total <= budget_bytes else (lo, mid)
+    return lo
+
+
+def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str, ...] = ("xl", "retro", "rpt-sem"),
+                batch_size: int = 1, vocab_size: int | None = None, device: str = "cpu", steps: int = 3,
+                loss_chunks: tuple[int, ...] = (0,), budget_gib: float | None = None, threads: int | None = None,
+                measure: bool = True) -> dict[str, Any]:
+    """Each variant's step at this scale, measured in its own process (`measure_step`), beside the estimate.
+
+    loss_chunks: extra xl rows with train.loss_chunk set to these values (0 = full logits), to set the chunked loss
+    (the default) against the full logits. budget_gib: report the largest batch whose estimate fits (default: the
+    memory available now). measure=False: estimates only (a config too big for this machine)."""
+    from rpt.train.memory import available_bytes, estimate_step_memory
+
+    budget = budget_gib * 2**30 if budget_gib else available_bytes(device)
+    runs = [(v, None) for v in variants] + [("xl", c) for c in loss_chunks]
+    rows = []
+    for v, chunk in runs:
+        cfg = RPTConfig.from_preset(preset, variant=v, **({"vocab_size": vocab_size} if vocab_size else {}))
+        cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
+        if chunk is not None:
+            cfg.train.loss_chunk = chunk
+        est = estimate_step_memory(cfg, device)
+        row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "estimate_bytes": est.total,
+               "estimate": est.describe(), "parameters": est.parameters,
+               "largest_batch": largest_batch(cfg, budget, device) if budget else None}
+        if measure:
+            row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
+                                    vocab_size=vocab_size, device=device, steps=steps, loss_chunk=cfg.train.loss_chunk,
+                                    threads=threads))
+            row["estimate_vs_peak"] = est.total / row["peak_bytes"]
+        rows.append(row)
+        print(format_scale_row(row), flush=True)
+    base = next((r.get("seconds_per_update") for r in rows if r["variant"] == "xl"), None)
+    for r in rows:
+        if base and r.get("seconds_per_update"):
+            r["time_vs_xl"] = r["seconds_per_update"] / base
+    return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "device": device,
+            "budget_bytes": budget, "rows": rows}
+
+
+def format_scale_row(r: dict[str, Any]) -> str:
+    from rpt.train.memory import gib
+
+    loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
+    text = f"{r['variant']:<8} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
+    if "peak_bytes" in r:
+        text += f"  measured peak {gib(r['peak_bytes']):>9}"
+        if r.get("seconds_per_update"):
+            text += f"  {r['seconds_per_update']:8.2f} s/update {r['tokens_per_s']:9.0f} tokens/s"
+        if "mfu" in r:
+            text += f"  MFU {100 * r['mfu']:.1f}%"
+    if r.get("largest_batch") is not None:
+        text += f"  largest batch in budget {r['largest_batch']}"
+    return text
+
+
+def format_scale(r: dict[str, Any]) -> str:
+    from rpt.train.memory import gib
+
+    budget = f", budget {gib(r['budget_bytes'])}" if r.get("budget_bytes") else ""
+    lines = [f"training step at scale: preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, "
+             f"{r['device']}{budget}"]
+    for x in r["rows"]:
+        lines.append(format_scale_row(x) + (f"  {x['time_vs_xl']:.2f}x xl" if "time_vs_xl" in x else ""))
+    return "\n".join(lines)
+
+
 def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = "tiny", variant: str = "rpt-sem",
                        vocab_size: int = 2048, segment_len: int | None = None, memory: str = "auto",
                        device: str = "cpu") -> dict[str, Any]:
@@ -197,3 +373,13 @@ def format_eval(r: dict[str, Any]) -> str:
                  "(linear cost = about 1x)")
     return "\n".join(lines)
 
+
+
+if __name__ == "__main__":  # `python -m rpt.bench probe '<json>'`: one measured step in a fresh process (measure_step)
+    import json
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "probe":
+        print(json.dumps(probe_step(**json.loads(sys.argv[2]))))
+    else:
+        raise SystemExit("usage: python -m rpt.bench probe '<json spec>' (used by rpt bench --scale)")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "benchmark side by side: training step time of each variant vs xl, eval time/memory vs length, labelling speed"
+HELP = ("benchmark side by side: training step time of each variant vs xl, eval time/memory vs length, labelling "
+        "speed; --scale: step time, peak memory and the largest batch at a big preset (synthetic data)")
 ORDER = 90
 
 
@@ -19,13 +20,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training sequence length; the labels must have this span (default 1024)")
     p.add_argument("--segment-len", type=int, default=128, help="model.segment_len (0: the preset's)")
     p.add_argument("--batch-size", type=int, default=2, help="sequences per training step (default 2)")
-    p.add_argument("--steps", type=int, default=12, help="updates per variant (the first 3 are warm-up)")
+    p.add_argument("--steps", type=int,
+                   help="updates per variant (default 12, the first 3 warm-up; with --scale 3, the first warm-up)")
     p.add_argument("--eval-lengths", help="comma-separated document lengths in tokens (default 2048..32768)")
     p.add_argument("--label-sizes", default="100000,1000000", help="token counts for the BM25 comparison")
     p.add_argument("--skip-labels", action="store_true", help="skip the labelling benchmark")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=Path("runs/bench.json"), help="results JSON")
+    s = p.add_argument_group("at scale (--scale: synthetic tokens and labels, no store needed)")
+    s.add_argument("--scale", action="store_true",
+                   help="each variant's training step in a fresh process: time vs xl, peak memory beside the "
+                        "pre-flight estimate, largest batch in --memory-budget, MFU on GPU; e.g. --preset 250m "
+                        "--seq-len 16384")
+    s.add_argument("--variants", default="xl,retro,rpt-sem", help="variants to measure (default xl,retro,rpt-sem)")
+    s.add_argument("--vocab-size", type=int, help="model.vocab_size (default: the preset's)")
+    s.add_argument("--memory-budget", type=float, metavar="GIB",
+                   help="memory budget in GiB for the largest batch (default: the memory available now)")
+    s.add_argument("--loss-chunks", default="0",
+                   help="extra xl rows with train.loss_chunk set to each of these (0 = full logits; default 0)")
+    s.add_argument("--estimate-only", action="store_true",
+                   help="estimates and largest batch only, nothing run (a config too big for this machine)")
 
 
 def _sizes(text: str, flag: str) -> list[int]:
@@ -41,15 +56,50 @@ def _sizes(text: str, flag: str) -> list[int]:
     return sizes
 
 
+def _scale(args: argparse.Namespace) -> int:
+    from rpt.bench import bench_scale, format_scale, machine
+    from rpt.config import PRESETS, VARIANTS
+    from rpt.utils import UserError, write_json_atomic
+
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise UserError(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
+    if args.preset not in PRESETS:
+        raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
+    try:
+        chunks = tuple(int(x) for x in args.loss_chunks.split(",") if x.strip())
+    except ValueError:
+        chunks = (-1,)
+    if any(c < 0 for c in chunks):
+        raise UserError(f"--loss-chunks {args.loss_chunks!r}: expected comma-separated token counts >= 0 (0 = full logits)")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        raise UserError(f"--memory-budget {args.memory_budget}: expected a positive number of GiB")
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    info = machine()
+    print(f"machine: {info}", flush=True)
+    r = bench_scale(args.preset, args.seq_len, variants, batch_size=args.batch_size, vocab_size=args.vocab_size,
+                    device=device, steps=args.steps or 3, loss_chunks=chunks, budget_gib=args.memory_budget,
+                    threads=args.threads, measure=not args.estimate_only)
+    print(format_scale(r))
+    write_json_atomic(args.out, {"machine": info, "scale": r})
+    print(f"\nresults: {args.out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.scale:
+        return _scale(args)
     from rpt.bench import run_bench
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
-              segment_len=args.segment_len or None, batch_size=args.batch_size, steps=args.steps,
+              segment_len=args.segment_len or None, batch_size=args.batch_size, steps=args.steps or 12,
               eval_lengths=_sizes(args.eval_lengths, "--eval-lengths") if args.eval_lengths else None,
               label_sizes=tuple(_sizes(args.label_sizes, "--label-sizes")), skip_labels=args.skip_labels,
               device=args.device, out=args.out)

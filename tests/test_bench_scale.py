@@ -1,0 +1,50 @@
+"""`rpt bench --scale`: each variant's step measured in its own process, beside the memory estimate."""
+
+import json
+
+import pytest
+
+from rpt.bench import largest_batch
+from rpt.cli import main
+from rpt.config import RPTConfig
+from rpt.train.memory import estimate_step_memory
+
+
+def test_bench_scale_measures_each_variant_in_its_own_process(tmp_path, capsys):
+    out = tmp_path / "scale.json"
+    code = main(["bench", "--scale", "--preset", "tiny", "--seq-len", "512", "--batch-size", "1", "--vocab-size", "256",
+                 "--variants", "xl,rpt-sem", "--steps", "2", "--loss-chunks", "0", "--memory-budget", "2",
+                 "--out", str(out)])
+    assert code == 0
+    r = json.loads(out.read_text())["scale"]
+    rows = {(x["variant"], x["loss_chunk"]): x for x in r["rows"]}
+    assert set(rows) == {("xl", 1024), ("rpt-sem", 1024), ("xl", 0)}  # the default chunked loss, and full logits
+    for x in rows.values():
+        assert x["peak_bytes"] > 0 and x["seconds_per_update"] > 0 and x["updates_timed"] == 1
+        assert 0.3 < x["estimate_vs_peak"] < 3  # the estimate is in the measured peak's range, even at this size
+        assert x["largest_batch"] >= 1
+    assert rows[("xl", 1024)]["time_vs_xl"] == 1.0
+    assert "largest batch in budget" in capsys.readouterr().out
+
+
+def test_largest_batch_is_the_last_that_fits():
+    cfg = RPTConfig.from_preset("250m", variant="rpt-sem")
+    cfg.data.seq_len = 16384
+    budget = 80 * 2**30
+    b = largest_batch(cfg, budget, "cuda")
+    assert b >= 1
+    cfg.train.batch_size = b
+    assert estimate_step_memory(cfg, "cuda").total <= budget
+    cfg.train.batch_size = b + 1
+    assert estimate_step_memory(cfg, "cuda").total > budget
+    assert largest_batch(cfg, 1.0, "cuda") == 0
+
+
+@pytest.mark.parametrize("flags, needle", [(["--variants", "xl,gpt"], "--variants"),
+                                           (["--loss-chunks", "-3"], "--loss-chunks"),
+                                           (["--memory-budget", "0"], "--memory-budget"),
+                                           (["--preset", "huge"], "--preset")])
+def test_bench_scale_bad_flags_are_one_line(flags, needle, capsys):
+    assert main(["bench", "--scale", "--estimate-only", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
