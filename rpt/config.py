@@ -129,6 +129,7 @@ class TrainConfig:
     alpha_ramp_steps: int = 200  # steps of the linear alpha_ret ramp (paper: first 100K of 500K)
     ss_fraction: float = 0.9  # scheduled sampling anneals p_ss 1 -> 0 over this fraction of steps
     loss_chunk: int = 1024  # LM loss over this many target tokens at a time (no [B, T, V] logits); 0 = full logits
+    neighbour_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation
     gate_hold_steps: int = 0  # the neighbour gate's parameters stay at their initial values for this many updates
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs

@@ -64,17 +64,34 @@ def no_decay(name: str, p: nn.Parameter) -> bool:
     return p.ndim < 2 or name.endswith(".bias") or "norm" in name.lower()
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, plain = [], []
+def neighbour_path(name: str) -> bool:
+    """Parameters that read neighbours: CCA (and its pre-norm), the neighbour gate, the query augmentation."""
+    name = name.removeprefix("module.")
+    return ".cca." in name or ".cca_norm." in name or name.startswith(("gate.", "query_aug."))
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, neighbour_lr_scale: float = 1.0) -> list[dict]:
+    """Decayed / not decayed parameters; with neighbour_lr_scale != 1 the neighbour path (`neighbour_path`) gets
+    groups of its own whose learning rate is scaled (`set_lr` reads "lr_scale")."""
+    groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (plain if no_decay(name, p) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+            scaled = neighbour_lr_scale != 1.0 and neighbour_path(name)
+            groups.setdefault((no_decay(name, p), scaled), []).append(p)
+    out = []
+    for scaled in (False, True):
+        for plain in (False, True):
+            if (plain, scaled) in groups or not scaled:
+                g = {"params": groups.get((plain, scaled), []), "weight_decay": 0.0 if plain else weight_decay}
+                if scaled:
+                    g["lr_scale"] = neighbour_lr_scale
+                out.append(g)
+    return out
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimiser named by cfg.optimizer over `model`'s trainable parameters (lr is set every step by the loop)."""
-    groups = parameter_groups(model, cfg.weight_decay)
+    groups = parameter_groups(model, cfg.weight_decay, cfg.neighbour_lr_scale)
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
@@ -85,7 +102,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
