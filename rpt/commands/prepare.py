@@ -11,7 +11,10 @@ ORDER = 10
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="stdlib | stdlib:<pkg,pkg> | code:<folder> | <folder> | <file.jsonl> | hf:pg19 | "
-                   "hf:codeparrot | hf:proof-pile | hf:<name>@<local folder>  (default: data.corpus, stdlib)")
+                   "hf:codeparrot | hf:proof-pile | hf:<name>@<local folder> | books from Debian packages: austen, kjv | "
+                   "mathematics from Debian packages: pari, metamath, metamath:all, metamath:<file.mm,...>, coq (fetched with "
+                   "apt-get download into ~/.cache/rpt/debian, or $RPT_CACHE_DIR/debian; <name>@<folder> reads one "
+                   "unpacked there)  (default: data.corpus, stdlib)")
     p.add_argument("--tokenizer", help="bpe:<vocab> (trained on the train split, cached) | <tokenizer.json> | "
                    "<Hugging Face name> | corpus (the corpus' own: synthetic corpora)  (default: data.tokenizer, "
                    "bpe:8192; corpus for synthetic:*)")
@@ -53,4 +56,9 @@ def run(args: argparse.Namespace) -> int:
     except StoreError as e:
         raise UserError(str(e)) from None
     print(format_summary(summary))
+    for pkg in summary.provenance.get("debian", []):
+        lic = pkg.get("license") or ("see " + pkg["copyright"] if pkg.get("copyright") else "unknown")
+        print(f"source: Debian package {pkg['name']} {pkg.get('version') or '(version unknown)'}, licence {lic}")
+    if summary.provenance.get("text_license"):
+        print(f"text licence: {summary.provenance['text_license']}")
     return 0

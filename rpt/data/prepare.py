@@ -86,6 +86,7 @@ class PrepareSummary:
     tokenizer_seconds: float
     tokenizer_cache_hit: bool | None
     dropped: list[str] = field(default_factory=list)  # old splits of another tokenizer removed by a --force swap
+    provenance: dict[str, Any] = field(default_factory=dict)  # Corpus.provenance(): source packages, versions, licences
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +180,9 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
                                    tokenizer_cache, sample_bytes)
     tokenizer_seconds = time.perf_counter() - tt
     settings = store_settings(corpus, chunk_size, min_chunks, max_documents)
+    # Where the text came from (packages, versions, licences) goes into every manifest, but is not compared on reuse.
+    provenance = corpus.provenance()
+    extra = {**settings, "provenance": provenance} if provenance else settings
 
     # Decide reuse before writing anything, so a mismatch fails fast and leaves the folder as it was.
     build = build_path(out)
@@ -198,7 +202,7 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
                     raise EmptySplitError(no_documents_message(corpus, split, stats[split].skipped, settings["min_tokens"]))
                 continue
             stats[split] = write_split(corpus, split, tokenizer, root / split, chunk_size=chunk_size,
-                                       min_chunks=min_chunks, max_documents=max_documents, extra=settings,
+                                       min_chunks=min_chunks, max_documents=max_documents, extra=extra,
                                        progress=progress, required=split == train_split)
     except EmptySplitError:
         if force or created:  # nothing worth keeping was there before this run
@@ -210,7 +214,7 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
                              min_tokens=min_chunks * chunk_size, max_documents=max_documents,
                              splits=[stats[s] for s in splits], seconds=time.perf_counter() - t0,
                              tokenizer_seconds=tokenizer_seconds, tokenizer_cache_hit=tokenizer.cache_hit,
-                             dropped=dropped)
+                             dropped=dropped, provenance=provenance)
     write_json_atomic(root / "prepare.json", summary.to_dict())  # in a build: the mark that it is complete
     if force:
         summary.dropped += swap_in(build, out)
