@@ -63,6 +63,10 @@ class ModelConfig:
     cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
     cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16 = one-hot in head 0 (docs/results.md)
     cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
+    # CCA's query and key projections: independent draws | one shared draw of std cca_qk_match_std, so that a query
+    # token starts out attending to neighbour tokens whose (normalised) states resemble its own ("find my token")
+    cca_qk_init: Literal["random", "match"] = "random"
+    cca_qk_match_std: float = 0.1
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05

@@ -25,7 +25,7 @@ from torch import nn
 from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, rotary_cos_sin
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, rotary_cos_sin
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
@@ -121,6 +121,25 @@ class RPT(nn.Module):
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        if retrieval and cfg.cca_qk_init == "match":
+            self._match_cca_qk(seed)
+
+    def _match_cca_qk(self, seed: int) -> None:
+        """cca_qk_init="match": each CCA layer's query projection and key projection start as one draw W of std
+        cca_qk_match_std, so a logit is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the
+        neighbour tokens whose normalised states are most like its own (with the shifted values, it reads what
+        followed its own token there). With std 0.1 and D = 64 an identical state scores ~2.6 nats above an
+        orthogonal one. The content-matching counterpart of the positional prior `rel_bias_prior`: on code, BM25's
+        neighbours are not aligned with the query chunk, so copying needs matching by content."""
+        D = self.cfg.d_model
+        for i, layer in enumerate(self.layers):
+            cca = getattr(layer, "cca", None)
+            if cca is None or cca.attn.q.weight.is_meta:
+                continue
+            w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * self.cfg.cca_qk_match_std
+            with torch.no_grad():
+                cca.attn.q.weight.copy_(w)
+                cca.attn.kv.weight[:D].copy_(w)
 
     # ------------------------------------------------------------------------------------------------------------
     @property
