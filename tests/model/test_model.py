@@ -334,3 +334,23 @@ def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
     assert got.keys() == want.keys()
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V), seed=3)
+    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="match"), seed=3)
+    D = base.cfg.d_model
+    for i in base.cfg.cca_layers:
+        a = match.layers[i].cca.attn
+        assert torch.equal(a.q.weight, a.kv.weight[:D])
+        assert abs(a.q.weight.std().item() - base.cfg.cca_qk_match_std) < 0.01
+        assert torch.equal(a.kv.weight[D:], base.layers[i].cca.attn.kv.weight[D:])  # values as before
+    changed = {n for (n, p), (_, q) in zip(base.named_parameters(), match.named_parameters(), strict=True)
+               if not torch.equal(p, q)}
+    assert changed == {f"layers.{i}.cca.attn.{w}.weight" for i in base.cfg.cca_layers for w in ("q", "kv")}
+    # a query whose state equals a neighbour token's attends to it most: logits ~ <x, y>
+    x = torch.randn(8, D)
+    x = x / x.norm(dim=-1, keepdim=True) * D**0.5
+    a = match.layers[base.cfg.cca_layers[0]].cca.attn
+    logits = a.q(x) @ a.kv(x)[:, :D].t()
+    assert (logits.argmax(1) == torch.arange(8)).all()
