@@ -112,7 +112,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
 
 def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                device: str = "cpu", steps: int = 2, loss_chunk: int | None = None, threads: int | None = None,
-               seed: int = 0) -> dict[str, Any]:
+               seed: int = 0, precision: str | None = None) -> dict[str, Any]:
     """`steps` training updates of one variant on synthetic tokens and labels, in THIS process; returns seconds per
     update (the median after the first) and the peak memory (max RSS on the CPU, max_memory_allocated on CUDA).
 
@@ -130,6 +130,8 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
     if loss_chunk is not None:
         cfg.train.loss_chunk = loss_chunk
+    if precision:
+        cfg.train.precision = precision
     cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
@@ -172,6 +174,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     n_params = model.num_parameters()
     row = {"variant": variant, "preset": preset, "seq_len": seq_len, "batch_size": batch_size,
            "vocab_size": m.vocab_size, "loss_chunk": cfg.train.loss_chunk, "device": str(dev), "parameters": n_params,
+           "precision": "bf16" if use_bf16 else "fp32",
            "seconds_per_update": float(np.median(dts)) if len(dts) else None, "updates_timed": len(dts),
            "peak_bytes": int(peak)}
     if row["seconds_per_update"]:
@@ -220,7 +223,7 @@ def largest_batch(cfg: RPTConfig, budget_bytes: float, device: str, limit: int =
 def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str, ...] = ("xl", "retro", "rpt-sem"),
                 batch_size: int = 1, vocab_size: int | None = None, device: str = "cpu", steps: int = 3,
                 loss_chunks: tuple[int, ...] = (0,), budget_gib: float | None = None, threads: int | None = None,
-                measure: bool = True) -> dict[str, Any]:
+                measure: bool = True, precision: str | None = None) -> dict[str, Any]:
     """Each variant's step at this scale, measured in its own process (`measure_step`), beside the estimate.
 
     loss_chunks: extra xl rows with train.loss_chunk set to these values (0 = full logits), to set the chunked loss
@@ -228,7 +231,10 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
     memory available now). measure=False: estimates only (a config too big for this machine)."""
     from rpt.train.memory import available_bytes, estimate_step_memory
 
-    budget = budget_gib * 2**30 if budget_gib else available_bytes(device)
+    gpu_missing = device.startswith("cuda") and not torch.cuda.is_available()
+    if gpu_missing and measure:
+        raise UserError(f"--device {device}: no GPU here; add --estimate-only for the estimates alone")
+    budget = budget_gib * 2**30 if budget_gib else (None if gpu_missing else available_bytes(device))
     runs = [(v, None) for v in variants] + [("xl", c) for c in loss_chunks]
     rows = []
     for v, chunk in runs:
@@ -236,6 +242,8 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
         cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
         if chunk is not None:
             cfg.train.loss_chunk = chunk
+        if precision:
+            cfg.train.precision = precision
         est = estimate_step_memory(cfg, device)
         row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "estimate_bytes": est.total,
                "estimate": est.describe(), "parameters": est.parameters,
@@ -243,7 +251,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
         if measure:
             row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
                                     vocab_size=vocab_size, device=device, steps=steps, loss_chunk=cfg.train.loss_chunk,
-                                    threads=threads))
+                                    threads=threads, precision=precision))
             row["estimate_vs_peak"] = est.total / row["peak_bytes"]
         rows.append(row)
         print(format_scale_row(row), flush=True)
@@ -252,7 +260,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
         if base and r.get("seconds_per_update"):
             r["time_vs_xl"] = r["seconds_per_update"] / base
     return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "device": device,
-            "budget_bytes": budget, "rows": rows}
+            "precision": precision or "the preset's", "budget_bytes": budget, "rows": rows}
 
 
 def format_scale_row(r: dict[str, Any]) -> str:
