@@ -75,23 +75,29 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                 chunk: int) -> torch.Tensor:  # type: ignore[override]
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        dev = h.device.type
+        # the matmuls run in the autocast dtype where autocast is on (bf16 on GPUs), else in h's; softmax and sums in fp32
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.zeros_like(h) if need_grad else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
-        for i in range(0, h.shape[0], chunk):
-            hc, tc, mc = h[i : i + chunk], targets[i : i + chunk], mask[i : i + chunk]
-            logits = (hc @ weight.to(hc.dtype).t()).float()  # [n, V]
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, tc[:, None]).squeeze(1)
-            total += ((lse - picked) * mc).sum()
-            if need_grad:
-                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place: d(lse - picked)/d logits = softmax - onehot
-                g[torch.arange(len(tc), device=g.device), tc] -= 1.0
-                g *= mc[:, None]
-                grad_h[i : i + chunk] = (g.to(hc.dtype) @ weight.to(hc.dtype)).to(h.dtype)
-                grad_w += g.t() @ hc.float()
-                del g
-            del logits
+        with torch.autocast(dev, enabled=False):
+            w = weight.to(cdt)
+            for i in range(0, h.shape[0], chunk):
+                hc, tc, mc = h[i : i + chunk].to(cdt), targets[i : i + chunk], mask[i : i + chunk]
+                logits = (hc @ w.t()).float()  # [n, V]
+                lse = torch.logsumexp(logits, dim=-1)
+                picked = logits.gather(1, tc[:, None]).squeeze(1)
+                total += ((lse - picked) * mc).sum()
+                if need_grad:
+                    g = logits.sub_(lse[:, None]).exp_()  # softmax in place: d(lse - picked)/d logits = softmax - onehot
+                    g[torch.arange(len(tc), device=g.device), tc] -= 1.0
+                    g *= mc[:, None]
+                    gc = g.to(cdt)
+                    grad_h[i : i + chunk] = (gc @ w).to(h.dtype)
+                    grad_w += (gc.t() @ hc).float()
+                    del g, gc
+                del logits
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return total

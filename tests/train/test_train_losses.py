@@ -202,3 +202,21 @@ def test_recall_at_k():
     # query 0: top-2 = {0, 1}, positives {0, 2} -> 1/2. query 1: the only positive is not retrievable -> not counted.
     # query 2: no positives -> not counted.
     assert r.count.item() == 1 and r.total.item() == pytest.approx(0.5)
+
+
+def test_chunked_lm_loss_under_bf16_autocast_is_close_to_the_plain_one():
+    # what a GPU run does (bf16 matmuls, fp32 softmax); checked here with CPU autocast
+    torch.manual_seed(0)
+    h = torch.randn(1, 40, 16, requires_grad=True)
+    w = torch.randn(30, 16, requires_grad=True)
+    ids = torch.randint(0, 30, (1, 40))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = lm_loss(h @ w.t(), ids)
+        chunked = lm_loss_chunked(h, w, ids, chunk=16)
+    gp = torch.autograd.grad(plain.total, (h, w))
+    gc = torch.autograd.grad(chunked.total, (h, w))
+    assert chunked.total.dtype == torch.float32
+    assert torch.allclose(chunked.total, plain.total, rtol=2e-2)
+    assert gc[0].dtype == h.dtype and gc[1].dtype == w.dtype
+    for a, b in zip(gc, gp, strict=True):
+        assert torch.allclose(a, b, rtol=5e-2, atol=5e-2)
