@@ -67,6 +67,10 @@ class ModelConfig:
     # token starts out attending to neighbour tokens whose (normalised) states resemble its own ("find my token")
     cca_qk_init: Literal["random", "match"] = "random"
     cca_qk_match_std: float = 0.1
+    # CCA's value and output projections: independent draws | "identity": out @ value = cca_ov_scale * I (an orthogonal
+    # draw and its transpose), so a read neighbour token's state is added to the query's residual as it is
+    cca_ov_init: Literal["random", "identity"] = "random"
+    cca_ov_scale: float = 0.05
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05

@@ -123,6 +123,8 @@ class RPT(nn.Module):
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
         if retrieval and cfg.cca_qk_init == "match":
             self._match_cca_qk(seed)
+        if retrieval and cfg.cca_ov_init == "identity":
+            self._identity_cca_ov(seed)
 
     def _match_cca_qk(self, seed: int) -> None:
         """cca_qk_init="match": each CCA layer's query projection and key projection start as one draw W of std
@@ -140,6 +142,22 @@ class RPT(nn.Module):
             with torch.no_grad():
                 cca.attn.q.weight.copy_(w)
                 cca.attn.kv.weight[:D].copy_(w)
+
+    def _identity_cca_ov(self, seed: int) -> None:
+        """cca_ov_init="identity": each CCA layer's value projection starts as an orthogonal draw Q and its output
+        projection as cca_ov_scale * Q^T, so out(value(y)) = cca_ov_scale * y: a neighbour token's (normalised)
+        state is written into the reading token's residual as it is. With the shifted values (key k reads token
+        k + 1's state) and the tied output embedding, reading the token after a match then raises that token's logit
+        from the first update: the copy circuit is there from the start, and training has to learn when to use it."""
+        D = self.cfg.d_model
+        for i, layer in enumerate(self.layers):
+            cca = getattr(layer, "cca", None)
+            if cca is None or cca.attn.out.weight.is_meta:
+                continue
+            q, _ = torch.linalg.qr(torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.ov_identity")))
+            with torch.no_grad():
+                cca.attn.kv.weight[D:].copy_(q)
+                cca.attn.out.weight.copy_(q.t() * self.cfg.cca_ov_scale)
 
     # ------------------------------------------------------------------------------------------------------------
     @property
