@@ -354,3 +354,15 @@ def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
     a = match.layers[base.cfg.cca_layers[0]].cca.attn
     logits = a.q(x) @ a.kv(x)[:, :D].t()
     assert (logits.argmax(1) == torch.arange(8)).all()
+
+
+def test_cca_identity_ov_init_passes_a_read_state_through():
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V), seed=3)
+    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_ov_init="identity"), seed=3)
+    D, s = base.cfg.d_model, base.cfg.cca_ov_scale
+    for i in base.cfg.cca_layers:
+        a = ov.layers[i].cca.attn
+        torch.testing.assert_close(a.out.weight @ a.kv.weight[D:], s * torch.eye(D), atol=1e-5, rtol=0)
+    changed = {n for (n, p), (_, q) in zip(base.named_parameters(), ov.named_parameters(), strict=True)
+               if not torch.equal(p, q)}
+    assert changed == {f"layers.{i}.cca.attn.{w}.weight" for i in base.cfg.cca_layers for w in ("out", "kv")}
