@@ -5,8 +5,8 @@ refuses it at once with the estimate and its parts. The estimate counts what one
 its backward pass, in bytes:
 
 - **states**: fp32 weights, gradients and two optimiser moments, 16 bytes per parameter (AdamW and AdaBelief alike);
-- **logits**: with the chunked loss (`train.loss_chunk` targets at a time, the default) two [chunk, V] fp32 blocks (the
-  logits and their softmax) and the [V, D] fp32 gradient of the output embedding it accumulates; with the plain loss
+- **logits**: with the chunked loss (`train.loss_chunk` targets at a time, the default) one [chunk, V] fp32 block (the
+  logits, made their softmax in place; under bf16 also the matmul's bf16 output) and the [V, D] fp32 gradient of the output embedding it accumulates; with the plain loss
   (`train.loss_chunk=0`) [B, T, V] three times (the logits, the log-softmax saved by cross-entropy, their gradient),
   in fp32 whatever the precision, since the loss casts them;
 - **layers**: per token and layer, the tensors autograd saves in a SwiGLU block (about 8 D for norms, q/k/v, the
@@ -80,7 +80,8 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
 
     states = 16 * n_params
     if t.loss_chunk > 0:
-        logits = 2 * 4 * min(t.loss_chunk, B * cfg.data.seq_len) * m.vocab_size + 4 * m.vocab_size * m.d_model
+        blocks = 1.0 if act == 4 else 1.5  # the fp32 logits made their softmax in place (+ the bf16 matmul output)
+        logits = int(blocks * 4 * min(t.loss_chunk, B * cfg.data.seq_len) * m.vocab_size) + 4 * m.vocab_size * m.d_model
     else:
         logits = 3 * 4 * B * T * m.vocab_size
     per_layer = 8 * m.d_model + 4 * m.mlp_hidden + (2 * m.n_heads * 2 * m.segment_len if math_attention else 0)

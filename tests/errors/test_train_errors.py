@@ -179,7 +179,7 @@ def test_the_estimate_counts_the_model_and_grows_with_the_step():
     doubled = estimate_step_memory(cfg)
     assert doubled.layers == 2 * est.layers and doubled.total > est.total
     # the chunked loss (default) holds [chunk, V] logits, not [B, T, V]: capped at train.loss_chunk tokens
-    chunk_part = 2 * 4 * cfg.train.loss_chunk * 512
+    chunk_part = 4 * cfg.train.loss_chunk * 512
     assert doubled.logits == chunk_part + 4 * 512 * cfg.model.d_model
     cfg.train.loss_chunk = 0  # full logits: three fp32 [B, T, V] tensors, linear in batch and length
     full = estimate_step_memory(cfg)
