@@ -249,10 +249,13 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
                "estimate": est.describe(), "parameters": est.parameters,
                "largest_batch": largest_batch(cfg, budget, device) if budget else None}
         if measure:
-            row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
-                                    vocab_size=vocab_size, device=device, steps=steps, loss_chunk=cfg.train.loss_chunk,
-                                    threads=threads, precision=precision))
-            row["estimate_vs_peak"] = est.total / row["peak_bytes"]
+            try:
+                row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
+                                        vocab_size=vocab_size, device=device, steps=steps,
+                                        loss_chunk=cfg.train.loss_chunk, threads=threads, precision=precision))
+                row["estimate_vs_peak"] = est.total / row["peak_bytes"]
+            except UserError as e:  # e.g. killed for memory: a finding to report, and the other rows still run
+                row["error"] = str(e)
         rows.append(row)
         print(format_scale_row(row), flush=True)
     base = next((r.get("seconds_per_update") for r in rows if r["variant"] == "xl"), None)
@@ -268,6 +271,8 @@ def format_scale_row(r: dict[str, Any]) -> str:
 
     loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
     text = f"{r['variant']:<8} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
+    if "error" in r:
+        text += f"  FAILED: {r['error'].rsplit(': ', 1)[-1]}"
     if "peak_bytes" in r:
         text += f"  measured peak {gib(r['peak_bytes']):>9}"
         if r.get("seconds_per_update"):

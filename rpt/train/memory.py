@@ -6,9 +6,10 @@ its backward pass, in bytes:
 
 - **states**: fp32 weights, gradients and two optimiser moments, 16 bytes per parameter (AdamW and AdaBelief alike);
 - **logits**: with the chunked loss (`train.loss_chunk` targets at a time, the default) one [chunk, V] fp32 block (the
-  logits, made their softmax in place; under bf16 also the matmul's bf16 output) and the [V, D] fp32 gradient of the output embedding it accumulates; with the plain loss
-  (`train.loss_chunk=0`) [B, T, V] three times (the logits, the log-softmax saved by cross-entropy, their gradient),
-  in fp32 whatever the precision, since the loss casts them;
+  logits, made their softmax in place; under bf16 also the matmul's bf16 output) and the [V, D] fp32 gradient of
+  the output embedding it accumulates; with the plain loss (`train.loss_chunk=0`) [B, T, V] three times (the
+  logits, the log-softmax saved by cross-entropy, their gradient), in fp32 whatever the precision, since the loss
+  casts them;
 - **layers**: per token and layer, the tensors autograd saves in a SwiGLU block (about 8 D for norms, q/k/v, the
   attention output and residuals, 4 F for the MLP), plus on the CPU's math attention path two [H, 2S] score matrices
   per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none;
