@@ -66,8 +66,8 @@ def no_decay(name: str, p: nn.Parameter) -> bool:
 
 def neighbour_path(name: str) -> bool:
     """Parameters that read neighbours: CCA (and its pre-norm), the neighbour gate, the query augmentation."""
-    name = name.removeprefix("module.")
-    return ".cca." in name or ".cca_norm." in name or name.startswith(("gate.", "query_aug."))
+    parts = [p for p in name.split(".") if p not in ("module", "_fsdp_wrapped_module", "_orig_mod")]  # DDP/FSDP/compile
+    return "cca" in parts or "cca_norm" in parts or parts[:1] in (["gate"], ["query_aug"])
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, neighbour_lr_scale: float = 1.0) -> list[dict]:
