@@ -45,7 +45,7 @@ from rpt.train.losses import (
     relevance_from_candidates,
 )
 from rpt.train.memory import check_fits
-from rpt.train.optim import build_optimizer, clip_gradients, set_lr
+from rpt.train.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
 from rpt.utils import RPTWarning, UserError
 
@@ -215,8 +215,8 @@ def hold_gate(model: nn.Module) -> None:
     the loss; a closed gate then scales CCA's values, and with them the signal CCA learns from, by eta
     (docs/results.md §1e: on code two of three seeds closed their gates to eta in 200-400 updates and never read
     their neighbours)."""
-    for name, p in D.unwrap(model).named_parameters():
-        if name.startswith("gate."):
+    for name, p in model.named_parameters():
+        if bare_name(name)[:1] == ["gate"]:
             p.grad = None
 
 

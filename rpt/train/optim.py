@@ -64,9 +64,14 @@ def no_decay(name: str, p: nn.Parameter) -> bool:
     return p.ndim < 2 or name.endswith(".bias") or "norm" in name.lower()
 
 
+def bare_name(name: str) -> list[str]:
+    """A parameter's name as parts, without the prefixes DDP, FSDP and torch.compile add."""
+    return [p for p in name.split(".") if p not in ("module", "_fsdp_wrapped_module", "_orig_mod")]
+
+
 def neighbour_path(name: str) -> bool:
     """Parameters that read neighbours: CCA (and its pre-norm), the neighbour gate, the query augmentation."""
-    parts = [p for p in name.split(".") if p not in ("module", "_fsdp_wrapped_module", "_orig_mod")]  # DDP/FSDP/compile
+    parts = bare_name(name)
     return "cca" in parts or "cca_norm" in parts or parts[:1] in (["gate"], ["query_aug"])
 
 
