@@ -171,7 +171,7 @@ def test_the_estimate_counts_the_model_and_grows_with_the_step():
     from rpt.utils import UserError
 
     cfg = RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=512)
-    cfg.data.seq_len = 1024
+    cfg.data.seq_len, cfg.train.loss_chunk = 1024, 1024  # the chunked loss (tiny's own default is the full logits)
     est = estimate_step_memory(cfg)
     assert est.parameters == RPT(cfg.model).num_parameters() and est.states == 16 * est.parameters
     assert est.retrieval > 0 and estimate_step_memory(RPTConfig.from_preset("tiny", variant="xl")).retrieval == 0
