@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     from rpt.model.rpt import RPT
     from rpt.train.data import BatchStream, SequenceDataset, open_store
     from rpt.train.loop import prepare
-    from rpt.train.losses import lambdarank_loss
+    from rpt.train.losses import forward_lm, lambdarank_loss
     from rpt.train.optim import build_optimizer, clip_gradients
 
     opts = dict(a.split("=", 1) for a in argv)
@@ -60,9 +60,9 @@ def main(argv: list[str]) -> None:
             t = [time.perf_counter()]
             x = prepare(r["stream"].next_step()[0], cfg.model, 0.5, 0, dev)  # p_ss = 0.5: both neighbour paths
             t.append(time.perf_counter())
-            out = model(x.batch.input_ids, **x.model_kwargs, loss_chunk=cfg.train.loss_chunk, loss_mask=x.batch.loss_mask)
+            out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, cfg.train.loss_chunk)
             t.append(time.perf_counter())
-            loss = out.lm.total / out.lm.count
+            loss = lm.total / lm.count
             if out.retrieval_scores is not None:
                 ret = lambdarank_loss(out.retrieval_scores, x.relevance, x.positive, 1.0, x.retrievable)
                 loss = loss + 0.1 * ret.total / ret.count.clamp_min(1)
@@ -94,9 +94,8 @@ def main(argv: list[str]) -> None:
             cfg, model = r["cfg"], r["model"]
             x = prepare(r["stream"].next_step()[0], cfg.model, 0.5, 0, dev)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                out = model(x.batch.input_ids, **x.model_kwargs, loss_chunk=cfg.train.loss_chunk,
-                            loss_mask=x.batch.loss_mask)
-                loss = out.lm.total
+                out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, cfg.train.loss_chunk)
+                loss = lm.total
                 if out.retrieval_scores is not None:
                     loss = loss + lambdarank_loss(out.retrieval_scores, x.relevance, x.positive, 1.0, x.retrievable).total
                 loss.backward()

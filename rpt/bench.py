@@ -122,7 +122,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     (`measure_step`)."""
     from rpt.chunks import retrievable_mask
     from rpt.model.rpt import RPT
-    from rpt.train.losses import lambdarank_loss, lm_loss, relevance_from_candidates
+    from rpt.train.losses import forward_lm, lambdarank_loss, relevance_from_candidates
     from rpt.train.optim import build_optimizer, clip_gradients
 
     if threads:
@@ -147,13 +147,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     for _ in range(steps):
         nb = (torch.randint(0, C, (batch_size, C, m.n_neighbors), generator=g).to(dev) if variant == "retro" else None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-            if cfg.train.loss_chunk > 0:
-                out = model(ids, nb, loss_chunk=cfg.train.loss_chunk)
-                lm = out.lm
-            else:
-                out = model(ids, nb)
-        if cfg.train.loss_chunk <= 0:
-            lm = lm_loss(out.logits, ids)
+            out, lm = forward_lm(model, ids, {"neighbor_ids": nb}, None, cfg.train.loss_chunk)
         loss = lm.total / lm.count
         if out.retrieval_scores is not None:
             cand = torch.randint(0, C, (batch_size, C, 4), generator=g).to(dev)

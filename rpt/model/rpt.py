@@ -121,43 +121,39 @@ class RPT(nn.Module):
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
-        if retrieval and cfg.cca_qk_init == "match":
-            self._match_cca_qk(seed)
-        if retrieval and cfg.cca_ov_init == "identity":
-            self._identity_cca_ov(seed)
+        if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
+            self._cca_copy_prior(seed)
 
-    def _match_cca_qk(self, seed: int) -> None:
-        """cca_qk_init="match": each CCA layer's query projection and key projection start as one draw W of std
-        cca_qk_match_std, so a logit is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the
-        neighbour tokens whose normalised states are most like its own (with the shifted values, it reads what
-        followed its own token there). With std 0.1 and D = 64 an identical state scores ~2.6 nats above an
-        orthogonal one. The content-matching counterpart of the positional prior `rel_bias_prior`: on code, BM25's
-        neighbours are not aligned with the query chunk, so copying needs matching by content."""
-        D = self.cfg.d_model
+    def _cca_copy_prior(self, seed: int) -> None:
+        """The copy prior on CCA's projections (docs/results.md §1e), each half an option:
+
+        cca_qk_init="match": the query and key projections start as one draw W of std cca_qk_match_std, so a logit
+        is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the neighbour tokens whose
+        normalised states are most like its own (with the shifted values, it reads what followed its own token
+        there). With std 0.1 and D = 64 an identical state scores ~2.6 nats above an orthogonal one. The
+        content-matching counterpart of the positional prior `rel_bias_prior`: on code, BM25's neighbours are not
+        aligned with the query chunk, so copying needs matching by content.
+
+        cca_ov_init="identity": the value projection starts as an orthogonal draw Q and the output projection as
+        cca_ov_scale * Q^T, so out(value(y)) = cca_ov_scale * y: a neighbour token's (normalised) state is written
+        into the reading token's residual as it is. With the shifted values and the tied output embedding, reading
+        the token after a match raises that token's logit from the first update: the copy circuit is there from the
+        start, and training has to learn when to use it."""
+        cfg, D = self.cfg, self.cfg.d_model
         for i, layer in enumerate(self.layers):
             cca = getattr(layer, "cca", None)
-            if cca is None or cca.attn.q.weight.is_meta:
+            if cca is None or cca.attn.q.weight.is_meta:  # meta: built for parameter counts, nothing to draw
                 continue
-            w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * self.cfg.cca_qk_match_std
+            a = cca.attn
             with torch.no_grad():
-                cca.attn.q.weight.copy_(w)
-                cca.attn.kv.weight[:D].copy_(w)
-
-    def _identity_cca_ov(self, seed: int) -> None:
-        """cca_ov_init="identity": each CCA layer's value projection starts as an orthogonal draw Q and its output
-        projection as cca_ov_scale * Q^T, so out(value(y)) = cca_ov_scale * y: a neighbour token's (normalised)
-        state is written into the reading token's residual as it is. With the shifted values (key k reads token
-        k + 1's state) and the tied output embedding, reading the token after a match then raises that token's logit
-        from the first update: the copy circuit is there from the start, and training has to learn when to use it."""
-        D = self.cfg.d_model
-        for i, layer in enumerate(self.layers):
-            cca = getattr(layer, "cca", None)
-            if cca is None or cca.attn.out.weight.is_meta:
-                continue
-            q, _ = torch.linalg.qr(torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.ov_identity")))
-            with torch.no_grad():
-                cca.attn.kv.weight[D:].copy_(q)
-                cca.attn.out.weight.copy_(q.t() * self.cfg.cca_ov_scale)
+                if cfg.cca_qk_init == "match":
+                    w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * cfg.cca_qk_match_std
+                    a.q.weight.copy_(w)
+                    a.kv.weight[:D].copy_(w)
+                if cfg.cca_ov_init == "identity":
+                    q, _ = torch.linalg.qr(torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.ov_identity")))
+                    a.kv.weight[D:].copy_(q)
+                    a.out.weight.copy_(q.t() * cfg.cca_ov_scale)
 
     # ------------------------------------------------------------------------------------------------------------
     @property

@@ -37,8 +37,8 @@ from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, op
 from rpt.train.losses import (
     Sum,
     count_pairs,
+    forward_lm,
     lambdarank_loss,
-    lm_loss,
     lm_token_count,
     normalise,
     recall_at_k,
@@ -393,14 +393,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             for m, x in enumerate(micro):
                 with D.maybe_no_sync(model, m < len(micro) - 1):
                     with autocast():
-                        if tc.loss_chunk > 0:  # the model computes its LM loss in chunks: no [B, T, V] logits
-                            out = model(x.batch.input_ids, **x.model_kwargs, loss_chunk=tc.loss_chunk,
-                                        loss_mask=x.batch.loss_mask)
-                            lm = out.lm
-                        else:
-                            out = model(x.batch.input_ids, **x.model_kwargs)
-                    if tc.loss_chunk <= 0:
-                        lm = lm_loss(out.logits, x.batch.input_ids, x.batch.loss_mask)
+                        out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, tc.loss_chunk)
                     loss = normalise(lm.total, denom[0], info.world_size)
                     zero = lm.total.new_zeros(())
                     ret = rec = Sum(zero, zero)

@@ -126,6 +126,17 @@ def lm_loss_chunked(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch
     return Sum(total, m.sum())
 
 
+def forward_lm(model: torch.nn.Module, input_ids: torch.Tensor, model_kwargs: dict, loss_mask: torch.Tensor | None,
+               loss_chunk: int) -> tuple[object, Sum]:
+    """The model's forward and its LM loss: computed by the model in chunks (loss_chunk > 0: no [B, T, V] logits) or
+    from the full logits (loss_chunk = 0). The training loop and `rpt bench` take their step through here."""
+    if loss_chunk > 0:
+        out = model(input_ids, **model_kwargs, loss_chunk=loss_chunk, loss_mask=loss_mask)
+        return out, out.lm
+    out = model(input_ids, **model_kwargs)
+    return out, lm_loss(out.logits, input_ids, loss_mask)
+
+
 def lm_token_count(loss_mask: torch.Tensor) -> torch.Tensor:
     """Number of LM targets in a micro-batch, known before the forward pass (the global denominator)."""
     return loss_mask[:, 1:].sum().to(torch.float32)

@@ -78,20 +78,17 @@ def neighbour_path(name: str) -> bool:
 def parameter_groups(model: nn.Module, weight_decay: float, neighbour_lr_scale: float = 1.0) -> list[dict]:
     """Decayed / not decayed parameters; with neighbour_lr_scale != 1 the neighbour path (`neighbour_path`) gets
     groups of its own whose learning rate is scaled (`set_lr` reads "lr_scale")."""
-    groups: dict[tuple[bool, bool], list] = {}
+    decay, plain, decay_scaled, plain_scaled = [], [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
             scaled = neighbour_lr_scale != 1.0 and neighbour_path(name)
-            groups.setdefault((no_decay(name, p), scaled), []).append(p)
-    out = []
-    for scaled in (False, True):
-        for plain in (False, True):
-            if (plain, scaled) in groups or not scaled:
-                g = {"params": groups.get((plain, scaled), []), "weight_decay": 0.0 if plain else weight_decay}
-                if scaled:
-                    g["lr_scale"] = neighbour_lr_scale
-                out.append(g)
-    return out
+            lists = (plain_scaled, decay_scaled) if scaled else (plain, decay)
+            lists[0 if no_decay(name, p) else 1].append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    for params, wd in ((decay_scaled, weight_decay), (plain_scaled, 0.0)):
+        if params:
+            groups.append({"params": params, "weight_decay": wd, "lr_scale": neighbour_lr_scale})
+    return groups
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
