@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from rpt.config import VARIANTS, RPTConfig
+from rpt.model.registry import build_model, spec
 from rpt.train.memory import count_parameters
 from rpt.utils import UserError, write_json_atomic
 
@@ -64,7 +65,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
     vocab = Tokenizer.from_file(store / "tokenizer.json").vocab_size
     rows: dict[str, Any] = {}
     for variant in VARIANTS:
-        if variant != "xl" and labels.get(variant) is None:
+        if spec(variant).labels is not None and labels.get(variant) is None:
             continue
         cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab)
         cfg.data.seq_len = seq_len
@@ -121,7 +122,6 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     chunk, backward, global-norm clipping and the configured optimiser. Meant to run in a fresh process
     (`measure_step`)."""
     from rpt.chunks import retrievable_mask
-    from rpt.model.rpt import RPT
     from rpt.train.losses import forward_lm, lambdarank_loss, relevance_from_candidates
     from rpt.train.optim import build_optimizer, clip_gradients
 
@@ -135,7 +135,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
-    model = RPT(m).to(dev).train()
+    model = build_model(m).to(dev).train()
     opt = build_optimizer(model, cfg.train)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, m.vocab_size, (batch_size, seq_len), generator=g).to(dev)
@@ -295,12 +295,10 @@ def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = 
     """Evaluate prefixes of one long token stream with a fresh model-sized cache; time and memory per length."""
     from rpt.eval.memory import make_memory
     from rpt.eval.perplexity import evaluate_document
-    from rpt.model.rpt import RPT
-
     cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab_size)
     if segment_len:
         cfg.model.segment_len = segment_len
-    model = RPT(cfg.model).to(device).eval()
+    model = build_model(cfg.model).to(device).eval()
     mem = make_memory(memory, device)
     evaluate_document(model, tokens[: 2 * cfg.model.segment_len], memory=mem)  # warm-up
     rows = []

@@ -344,10 +344,11 @@ def checkpoint_config(folder: Path) -> RPTConfig:
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, RPTConfig]:
     """(model in eval mode on `device`, its config) from a checkpoint (see `resolve_checkpoint`). Reads only the
     weights and the config, never the optimiser state."""
-    from rpt.model.rpt import RPT
+    from rpt.model.registry import build_model
+
     folder = resolve_checkpoint(path)
     cfg = checkpoint_config(folder)
-    model = RPT(cfg.model)
+    model = build_model(cfg.model)
     try:
         load_weights(model, folder)
     except RuntimeError as e:

@@ -16,8 +16,10 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
-Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem"]
+VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
+Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
+RETRIEVING = ("retro", "rpt-lex", "rpt-sem")  # the variants with chunked cross-attention (the rest read no neighbours)
+RPT_VARIANTS = ("xl", *RETRIEVING)  # the variants of the one RPT class (rpt.model.rpt); the rest are the baselines
 
 
 class ConfigError(ValueError):
@@ -43,7 +45,9 @@ def check_neighbors(k: int | None, flag: str = "--neighbors") -> None:
 class ModelConfig:
     """The RPT architecture (§3.1, DESIGN.md §2). One config serves all four variants."""
 
-    variant: Variant = "rpt-sem"  # xl (no retrieval) | retro (BM25 neighbours) | rpt-lex | rpt-sem
+    # xl (no retrieval) | retro (BM25 neighbours) | rpt-lex | rpt-sem | the baselines of Table 2: memorizing (Wu et al.
+    # 2022), block-recurrent (Hutchins et al. 2022), griffin (De et al. 2024); rpt.model.registry maps each to its class
+    variant: Variant = "rpt-sem"
     vocab_size: int = 50277  # GPT-NeoX vocabulary, as in the paper
     d_model: int = 1024  # width D
     n_layers: int = 12  # total decoder layers; the lower decoder is the first n_layers // 2
@@ -77,10 +81,28 @@ class ModelConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # --- the baselines (Table 2); each field is read by its own variant only -------------------------------------
+    memory_layer: int = -1  # memorizing: the layer that also reads the kNN memory (-1: n_layers - 3, Wu et al.'s 9th of 12)
+    memory_topk: int = 32  # memorizing: memory entries each query token reads (Wu et al.: 32)
+    memory_tokens: int = 65536  # memorizing: tokens the memory keeps, oldest dropped first (the paper's rows: 32K and 65K)
+    recurrent_layer: int = -1  # block-recurrent: the recurrent layer (-1: n_layers - 2, as Hutchins et al.'s 10th of 12)
+    recurrent_state: int = 512  # block-recurrent: state vectors carried from block to block (blocks are segments)
+    recurrent_gate: Literal["fixed", "learned"] = "fixed"  # block-recurrent: the state update's gate (fixed | LSTM-style)
+    griffin_pattern: str = "RRA"  # griffin: block types repeated over the layers: R recurrent (RG-LRU), A local attention
+    griffin_rnn_width: int = 0  # griffin: the RG-LRU width (0: 4/3 d_model, as De et al.)
+    griffin_conv: int = 4  # griffin: width of the temporal convolution before the RG-LRU
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def memory_layer_index(self) -> int:
+        return self.memory_layer if self.memory_layer >= 0 else max(0, self.n_layers - 3)
+
+    @property
+    def recurrent_layer_index(self) -> int:
+        return self.recurrent_layer if self.recurrent_layer >= 0 else max(0, self.n_layers - 2)
 
     @property
     def n_lower(self) -> int:
@@ -88,7 +110,8 @@ class ModelConfig:
 
     @property
     def uses_retrieval(self) -> bool:
-        return self.variant != "xl"
+        """True for the variants with chunked cross-attention over neighbour chunks (retro, rpt-lex, rpt-sem)."""
+        return self.variant in RETRIEVING
 
     @property
     def has_retriever(self) -> bool:
@@ -105,6 +128,18 @@ class ModelConfig:
             raise ConfigError(f"model.cca_layers {bad} are not upper-decoder layers [{self.n_lower}, {self.n_layers})")
         if self.n_neighbors < 1:
             raise ConfigError("model.n_neighbors must be >= 1")
+        for key in ("memory_layer", "recurrent_layer"):
+            i = getattr(self, key)
+            if not -1 <= i < self.n_layers:
+                raise ConfigError(f"model.{key}={i} is not a layer index in [0, {self.n_layers}) (or -1 for the default)")
+        for key in ("memory_topk", "memory_tokens", "recurrent_state", "griffin_conv"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be >= 1, not {getattr(self, key)}")
+        if self.griffin_rnn_width < 0:
+            raise ConfigError(f"model.griffin_rnn_width must be >= 0 (0: 4/3 d_model), not {self.griffin_rnn_width}")
+        if not self.griffin_pattern or set(self.griffin_pattern) - {"R", "A"}:
+            raise ConfigError(f"model.griffin_pattern={self.griffin_pattern!r} must be a non-empty string of R "
+                              "(recurrent block) and A (local attention block)")
 
 
 @dataclass
@@ -136,6 +171,9 @@ class TrainConfig:
     alpha_ret: float = 0.1  # final retrieval-loss weight (ramped linearly from 0)
     alpha_ramp_steps: int = 200  # steps of the linear alpha_ret ramp (paper: first 100K of 500K)
     ss_fraction: float = 0.9  # scheduled sampling anneals p_ss 1 -> 0 over this fraction of steps
+    # p_ss over training: the paper's cosine anneal | 1 throughout (teacher forcing only: CCA always reads the gold
+    # neighbours) | 0 throughout (no teacher forcing: always the retriever's own) — the two ablations of Table 4
+    ss_schedule: Literal["anneal", "gold", "own"] = "anneal"
     loss_chunk: int = 1024  # LM loss over this many target tokens at a time (no [B, T, V] logits); 0 = full logits
     # (the tiny preset uses 0)
     neighbour_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation

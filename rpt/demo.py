@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rpt.config import RPT_VARIANTS as VARIANTS  # the four the demo compares
 from rpt.utils import UserError, install_hint, require, save_figure, write_json_atomic
 
-VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem")
 # the copy part's size: 1,024-token documents, 64-token segments (xl's reach 320 tokens, repeats 384-768 back)
 COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 4, "min_lr_ratio": 1.0, "scorer_k": 2}
 

@@ -52,13 +52,13 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from rpt.cli import UserError
-    from rpt.config import VARIANTS, RPTConfig
+    from rpt.config import RETRIEVING, RPTConfig
     from rpt.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.utils import parse_seeds
 
     seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    bad = [v for v in variants if v not in VARIANTS or v == "xl"]
+    bad = [v for v in variants if v not in RETRIEVING]
     if bad:
         raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex, rpt-sem (xl always runs)")
     if not 0.0 <= args.far_p <= 1.0:

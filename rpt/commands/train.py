@@ -106,8 +106,9 @@ def _store_vocab(store_root: str) -> int:
 def default_labels(store_root: str, variant: str, seq_len: int) -> Path | None:
     """The label folder `rpt label` writes by default for this variant: sem for rpt-sem, lex (else sem) otherwise."""
     from rpt.labels.store import default_label_path
+    from rpt.model.registry import spec
 
-    kinds = {"xl": [], "rpt-sem": ["sem"]}.get(variant, ["lex", "sem"])
+    kinds = {None: [], "sem": ["sem"]}.get(spec(variant).labels, ["lex", "sem"])
     for kind in kinds:
         path = default_label_path(store_root, "train", kind, seq_len)
         if (path / "manifest.json").exists():
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
     labels = args.labels
-    if labels is None and cfg.model.variant != "xl":
+    if labels is None and cfg.model.uses_retrieval:
         labels = default_labels(cfg.data.store, cfg.model.variant, cfg.data.seq_len)
         if labels is None:
             raise UserError(f"variant {cfg.model.variant} needs retrieval labels: pass --labels (made by `rpt label` "

@@ -165,9 +165,7 @@ def evaluate_document(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor,
             top.append(out.top_ids[0].cpu())
         if on_tokens is not None:
             on_tokens(n)
-    mem_bytes = cache.memory.nbytes() if cache.memory is not None else 0
-    kv_bytes = sum(t.numel() * t.element_size() for lc in cache.layers
-                   for t in (lc.prev_k, lc.prev_v, lc.cur_k, lc.cur_v) if t is not None)
+    mem_bytes, kv_bytes = cache.memory_bytes(), cache.window_bytes()
     return DocumentEval(
         nll_sum=float(chunk_nll.sum()), n_targets=int(chunk_tok.sum()), chunk_nll=chunk_nll.cpu().numpy(),
         chunk_tokens=chunk_tok.cpu().numpy().astype(np.int64),
@@ -180,14 +178,18 @@ def evaluate_document(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor,
 
 
 def default_source(variant: str) -> str:
-    return {"xl": "none", "retro": "bm25"}.get(variant, "model")
+    from rpt.model.registry import spec
+
+    return {"none": "none", "bm25": "bm25", "own": "model"}[spec(variant).neighbours]
 
 
 def check_source(variant: str, source: str) -> None:
+    from rpt.model.registry import spec
+
     if source not in SOURCES:
         raise UserError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
-    if variant == "xl" and source != "none":
-        raise UserError(f"variant xl has no chunked cross-attention: --source {source} needs a retrieval model "
+    if spec(variant).neighbours == "none" and source != "none":
+        raise UserError(f"variant {variant} has no chunked cross-attention: --source {source} needs a retrieval model "
                         "(use --source none)")
     if variant == "retro" and source == "model":
         raise UserError("variant retro has no retriever of its own: use --source bm25 (its inference-time "

@@ -74,6 +74,9 @@ class KVCache:
             return None, None
         return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.prev_k, self.prev_v, self.cur_k, self.cur_v) if t is not None)
+
     def append(self, k: torch.Tensor, v: torch.Tensor, segment_len: int) -> None:
         """Add the keys of new tokens (never crossing a segment boundary); roll the window when a segment fills."""
         self.cur_k = k if self.cur_k is None else torch.cat([self.cur_k, k], dim=2)

@@ -67,6 +67,14 @@ class RPTCache:
     gate: GateCache = field(default_factory=GateCache)
     last_row: NeighbourKV | None = None  # neighbours of the most recently finished chunk (one block row)
 
+    def memory_bytes(self) -> int:
+        """The document memory's size (its peak: it only grows)."""
+        return self.memory.nbytes() if self.memory is not None else 0
+
+    def window_bytes(self) -> int:
+        """The sliding-window K/V of every layer (bounded by two segments per layer)."""
+        return sum(c.nbytes() for c in self.layers)
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: sliding-window self-attention -> (optional) chunked cross-attention -> SwiGLU."""

@@ -87,7 +87,7 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
     """
     batch = batch.to(device)
     variant, K = mcfg.variant, mcfg.n_neighbors
-    if variant == "xl":
+    if not mcfg.uses_retrieval:  # xl and the baselines read no neighbours
         return StepInputs(batch, {})
     assert batch.candidates is not None and batch.bm25 is not None and batch.target is not None
     B, T = batch.input_ids.shape
@@ -192,9 +192,9 @@ _LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOK = range(7)
 
 
 def _default_model(mcfg: ModelConfig) -> nn.Module:
-    from rpt.model.rpt import RPT
+    from rpt.model.registry import build_model
 
-    return RPT(mcfg)
+    return build_model(mcfg)
 
 
 def _seed_everything(seed: int) -> None:
@@ -304,7 +304,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     except StoreError as e:
         raise ValueError(str(e)) from e
     labels = None
-    if mcfg.variant != "xl":
+    if mcfg.uses_retrieval:
         if labels_path is None:
             raise ValueError(f"variant {mcfg.variant} needs retrieval labels: pass labels_path (rpt train --labels PATH, "
                              f"built by `rpt label` with span = data.seq_len {cfg.data.seq_len})")

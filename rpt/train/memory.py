@@ -64,10 +64,10 @@ def gib(n: float) -> str:
 
 def count_parameters(cfg: RPTConfig) -> int:
     """Parameters of the model `cfg` builds, counted on the meta device (no memory, no time)."""
-    from rpt.model.rpt import RPT
+    from rpt.model.registry import build_model
 
     with torch.device("meta"):
-        return RPT(cfg.model).num_parameters()
+        return build_model(cfg.model).num_parameters()
 
 
 def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:

@@ -40,7 +40,10 @@ def retrieval_weight(step: int, cfg: TrainConfig) -> float:
 
 
 def sampling_probability(step: int, cfg: TrainConfig) -> float:
-    """p_ss: cosine from 1 at step 0 to 0 at ss_fraction * steps, then 0 (§3.4 'Scheduled sampling')."""
+    """p_ss: cosine from 1 at step 0 to 0 at ss_fraction * steps, then 0 (§3.4 'Scheduled sampling'); 1 or 0 throughout
+    for the Table 4 ablations (ss_schedule "gold" / "own")."""
+    if cfg.ss_schedule != "anneal":
+        return 1.0 if cfg.ss_schedule == "gold" else 0.0
     end = cfg.ss_fraction * cfg.steps
     if step >= end:
         return 0.0

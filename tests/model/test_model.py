@@ -6,7 +6,8 @@ import torch
 
 from rpt import RPT, RPTConfig
 from rpt.chunks import last_retrievable, retrievable_mask
-from rpt.config import PRESETS, VARIANTS
+from rpt.config import PRESETS
+from rpt.config import RPT_VARIANTS as VARIANTS
 
 V, M, S = 101, 64, 128  # tiny preset: chunk 64, segment 128 -> chunks 4.. retrieve
 T = 1024  # 16 chunks, 8 segments

@@ -82,3 +82,11 @@ def test_scheduled_sampling_draws_gold_with_probability_p(p):
     assert ((per_chunk - p).abs() <= 4 * math.sqrt(p * (1 - p) / len(keys)) + 1e-12).all()
     # a function of the keys alone: the same rows whatever batch they are drawn in
     assert torch.equal(use[7:9], sample_gold_mask(keys[7:9], C, p))
+
+
+@pytest.mark.parametrize(("schedule", "p"), [("gold", 1.0), ("own", 0.0)])
+def test_ss_schedule_ablations_hold_p_ss_constant(schedule, p):
+    """Table 4's teacher-forcing ablations: p_ss = 1 (gold neighbours) or 0 (own) at every step, the anneal ignored."""
+    c = cfg(ss_schedule=schedule)
+    assert [sampling_probability(s, c) for s in (0, 1, 450, 899, 900, 1000, 5000)] == [p] * 7
+    assert sampling_probability(0, cfg()) == 1.0 and sampling_probability(900, cfg()) == 0.0  # the anneal
