@@ -1,0 +1,33 @@
+"""`rpt compare`: the paper's comparison tables (Tables 2-4 layout) from `rpt eval` results, over seeds (rpt/compare.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "tabulate `rpt eval` results like the paper's Tables 2-4: every setting over its seeds (mean ± sd), retrieval " \
+       "gain, oracle, retrieval metrics, the paper's figure beside it"
+ORDER = 45
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.compare import DOMAINS
+
+    p.add_argument("results", nargs="+", metavar="RESULT", help="`rpt eval` result JSONs, or folders searched for them")
+    p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
+    p.add_argument("--out", help="also write the table as JSON here")
+    p.add_argument("--markdown", help="also write the Markdown tables here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rpt.compare import compare, load_results, to_markdown
+    from rpt.utils import write_json_atomic
+
+    table = compare(load_results(args.results), args.paper)
+    text = to_markdown(table)
+    print(text)
+    if args.out:
+        write_json_atomic(args.out, table)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 0

@@ -1,0 +1,280 @@
+"""The paper's comparison tables from `rpt eval` results: every setting over its seeds, with spread, retrieval gains,
+retrieval metrics, and the paper's figure beside it.
+
+A *setting* is everything in a result's config except the seed and the run folder, plus the checkpoint's step and the
+number of neighbours at inference; its results over several seeds and several neighbour sources make one row:
+
+    ppl         test perplexity with the variant's own source (own retriever for rpt-*, BM25 for retro, none for
+                the rest), mean ± sd over seeds
+    vs xl       ppl / xl's ppl, per seed (paired: xl's result with the same seed, data and step), mean ± sd
+    gain        retrieval gain: ppl with no neighbours / ppl with the own source, per seed (same checkpoint)
+    oracle      ppl with the oracle's neighbours, and its gain over no neighbours
+    P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
+
+An ordering between two rows is supported only where the gap of the means exceeds the spread; the table prints the
+spread next to every mean so that a reader can check, and `n` says how many seeds stand behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rpt.utils import UserError
+
+DOMAINS = ("arxiv", "code", "pg19", "books3")
+
+# Test perplexity of the paper's Table 2 (main results, 500K updates, 2 neighbours) and Table 4 (ablations), in the
+# order of DOMAINS; params and time per update relative to Transformer-XL as printed (Table 2 only).
+PAPER: dict[str, dict[str, Any]] = {
+    "Transformer-XL": {"ppl": (3.11, 2.30, 11.48, 15.00), "params": "202M", "time": 1.0},
+    "Transformer-XL +2 layers": {"ppl": (3.07, 2.26, 11.2, 14.52), "params": "228M", "time": 1.14},
+    "Transformer-XL 1.5x steps": {"ppl": (3.11, 2.26, 11.39, 14.70), "params": "202M", "time": 1.0},
+    "RETRO w. BM25": {"ppl": (2.94, 2.17, 11.44, 14.60), "params": "236M", "time": 1.35},
+    "RPT-Lex": {"ppl": (2.92, 2.23, 11.59, 14.32), "params": "242M", "time": 1.51},
+    "RPT-Sem": {"ppl": (2.77, 2.17, 10.96, 13.91), "params": "242M", "time": 1.51},
+    "RPT-Sem w. 3 neighbours": {"ppl": (2.75, 2.16, 10.92, 13.87)},
+    "RPT-Sem w. 4 neighbours": {"ppl": (2.74, 2.15, 10.93, 13.91)},
+    "Memorizing Transformer (32K)": {"ppl": (2.92, 2.18, 10.97, 14.40), "params": "212M", "time": 1.82},
+    "Memorizing Transformer (65K)": {"ppl": (2.93, 2.15, 10.99, 14.3), "params": "212M", "time": 2.12},
+    "Block-Recurrent Transformer": {"ppl": (2.89, 2.73, 10.95, 14.64), "params": "212M", "time": 1.56},
+    "Griffin": {"ppl": (3.08, 2.24, 11.26, 14.16), "params": "240M", "time": 1.15},
+    "RPT-Lex w. Oracle": {"ppl": (2.80, 2.12, 10.88, 13.30)},
+    "RPT-Sem w. Oracle": {"ppl": (2.69, 2.10, 10.26, 12.74)},
+    "RPT-Sem - Only Teacher forcing": {"ppl": (2.91, 2.22, 11.54, 14.66)},
+    "RPT-Sem - No Teacher forcing": {"ppl": (2.95, 2.26, 13.10, 14.40)},
+    "RPT-Sem - No Neighbor Gating": {"ppl": (2.92, 2.20, 11.50, 18.68)},
+}
+# Table 3: retrieval metrics on Code (BM25, RPT-Lex, RPT-Sem)
+PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.23), "rpt-sem": (0.34, 0.56, 0.30)},
+                 "arxiv": {"bm25": (0.27, 0.55, 0.24), "rpt-lex": (0.26, 0.54, 0.24), "rpt-sem": (0.32, 0.58, 0.30)},
+                 "pg19": {"bm25": (0.22, 0.55, 0.18), "rpt-lex": (0.22, 0.55, 0.18), "rpt-sem": (0.28, 0.61, 0.23)},
+                 "books3": {"bm25": (0.23, 0.55, 0.18), "rpt-lex": (0.19, 0.50, 0.16), "rpt-sem": (0.26, 0.58, 0.22)}}
+_IGNORED = ("train.seed", "train.out_dir")  # what differs between the seeds of one setting
+METRICS = ("precision@2", "recall@10", "ndcg@20")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """`rpt eval` result files, from files and (recursively) folders; any other JSON in a folder is skipped, a named
+    file that is not a result is an error naming it."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(sorted(p.rglob("*.json")))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise UserError(f"{p}: no such file or folder")
+    results = []
+    for f in found:
+        try:
+            r = json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            r = None
+        if not (isinstance(r, dict) and {"config", "eval", "total"} <= set(r)):
+            if f in map(Path, paths):
+                raise UserError(f"{f}: not an `rpt eval` result (no config / eval / total)")
+            continue
+        r["_path"] = str(f)
+        results.append(r)
+    if not results:
+        raise UserError(f"no `rpt eval` results in {', '.join(map(str, paths))}")
+    return results
+
+
+@dataclass
+class Setting:
+    key: tuple
+    variant: str
+    config: dict[str, Any]  # flat, without the seed and the run folder
+    step: int | None
+    k: int
+    ppl: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))  # source -> seed -> ppl
+    metrics: dict[str, dict[int, tuple[float, ...]]] = field(default_factory=lambda: defaultdict(dict))  # who -> seed
+    label: str = ""
+
+
+def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
+    settings: dict[tuple, Setting] = {}
+    for r in results:
+        flat = {k: v for k, v in _flat(r["config"]).items() if k not in _IGNORED}
+        k = int(r["eval"]["n_neighbors"])
+        split = r["eval"].get("split")
+        key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
+        s = settings.get(key)
+        if s is None:
+            s = settings[key] = Setting(key, flat["model.variant"], flat, r.get("step"), k)
+        seed = int(r["config"]["train"]["seed"])
+        source = r["eval"]["source"]
+        if seed in s.ppl[source] and not math.isclose(s.ppl[source][seed], r["total"]["perplexity"], rel_tol=1e-9):
+            raise UserError(f"{r['_path']}: a second, different result for {s.variant} seed {seed} source {source} at "
+                            f"step {s.step} (remove one)")
+        s.ppl[source][seed] = r["total"]["perplexity"]
+        for who, m in (r.get("retrieval") or {}).items():
+            if isinstance(m, dict) and all(n in m for n in METRICS):
+                s.metrics[who][seed] = tuple(m[n] for n in METRICS)
+    out = list(settings.values())
+    _label(out)
+    return sorted(out, key=lambda s: (_ORDER.get(s.variant, 99), s.label, s.step or 0))
+
+
+_ORDER = {v: i for i, v in enumerate(("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"))}
+
+
+def _label(settings: list[Setting]) -> None:
+    """Name each setting by its variant plus what sets it apart from the other settings of that variant."""
+    by_variant: dict[str, list[Setting]] = defaultdict(list)
+    for s in settings:
+        by_variant[s.variant].append(s)
+    for group in by_variant.values():
+        keys = sorted({k for s in group for k in s.config})
+        differing = [k for k in keys if len({json.dumps(s.config.get(k)) for s in group}) > 1]
+        for s in group:
+            extra = [f"{k.split('.', 1)[1]}={s.config.get(k)}" for k in differing]
+            if len({g.step for g in group}) > 1:
+                extra.append(f"step {s.step}")
+            if len({g.k for g in group}) > 1:
+                extra.append(f"K={s.k}")
+            s.label = s.variant + (f" ({', '.join(extra)})" if extra else "")
+
+
+def own_source(variant: str) -> str:
+    from rpt.eval.perplexity import default_source
+
+    return default_source(variant)
+
+
+def paper_row(s: Setting, source: str | None = None) -> str | None:
+    """The row of the paper's Table 2 / 4 this setting reproduces, or None."""
+    c, v = s.config, s.variant
+    if source == "oracle":
+        return {"rpt-lex": "RPT-Lex w. Oracle", "rpt-sem": "RPT-Sem w. Oracle"}.get(v)
+    if v == "rpt-sem":
+        if c.get("train.ss_schedule") == "gold":
+            return "RPT-Sem - Only Teacher forcing"
+        if c.get("train.ss_schedule") == "own":
+            return "RPT-Sem - No Teacher forcing"
+        if c.get("model.gate") == "none":
+            return "RPT-Sem - No Neighbor Gating"
+        return {3: "RPT-Sem w. 3 neighbours", 4: "RPT-Sem w. 4 neighbours"}.get(s.k, "RPT-Sem")
+    if v == "memorizing":
+        return {32768: "Memorizing Transformer (32K)", 65536: "Memorizing Transformer (65K)"}.get(c.get("model.memory_tokens"))
+    return {"xl": "Transformer-XL", "retro": "RETRO w. BM25", "rpt-lex": "RPT-Lex",
+            "block-recurrent": "Block-Recurrent Transformer", "griffin": "Griffin"}.get(v)
+
+
+def _stats(values: list[float]) -> tuple[float, float, int] | None:
+    if not values:
+        return None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+
+
+def _ratios(num: dict[int, float], den: dict[int, float]) -> list[float]:
+    return [num[s] / den[s] for s in sorted(set(num) & set(den))]
+
+
+def compare(results: list[dict[str, Any]], domain: str | None = None) -> dict[str, Any]:
+    """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure."""
+    if domain is not None and domain not in DOMAINS:
+        raise UserError(f"--paper {domain!r}: choose from {', '.join(DOMAINS)}")
+    settings = group_settings(results)
+    data_keys = ("data.store", "data.seq_len", "data.tokenizer")
+
+    def xl_for(s: Setting) -> Setting | None:
+        same = [x for x in settings if x.variant == "xl" and x.step == s.step
+                and all(x.config.get(k) == s.config.get(k) for k in data_keys)]
+        return same[0] if len(same) == 1 else None
+
+    rows = []
+    for s in settings:
+        src = own_source(s.variant)
+        own = s.ppl.get(src, {})
+        row: dict[str, Any] = {"label": s.label, "variant": s.variant, "step": s.step, "k": s.k, "source": src,
+                               "seeds": sorted(own), "ppl": _stats(list(own.values()))}
+        xl = xl_for(s)
+        if xl is not None and xl is not s:
+            row["vs_xl"] = _stats(_ratios(own, xl.ppl.get("none", {})))
+        if src != "none":
+            row["none"] = _stats(list(s.ppl.get("none", {}).values()))
+            row["gain"] = _stats(_ratios(s.ppl.get("none", {}), own))
+        if "oracle" in s.ppl:
+            row["oracle"] = _stats(list(s.ppl["oracle"].values()))
+            row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
+        for who in ("model", "bm25"):
+            if s.metrics.get(who):
+                vals = list(s.metrics[who].values())
+                row[f"metrics_{who}"] = [_stats([v[i] for v in vals]) for i in range(len(METRICS))]
+        name = paper_row(s)
+        if domain is not None and name is not None:
+            i = DOMAINS.index(domain)
+            row["paper"] = {"row": name, "ppl": PAPER[name]["ppl"][i]}
+            if "oracle" in s.ppl and (o := paper_row(s, "oracle")):
+                row["paper"]["oracle"] = PAPER[o]["ppl"][i]
+            if domain in PAPER_METRICS and s.variant in PAPER_METRICS[domain]:
+                row["paper"]["metrics"] = PAPER_METRICS[domain][s.variant]
+        rows.append(row)
+    return {"domain": domain, "rows": rows,
+            "note": "mean ± sd over seeds (n); gains and vs-xl ratios are paired per seed; an ordering holds only where "
+                    "the gap exceeds the spread"}
+
+
+def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False) -> str:
+    if st is None:
+        return ""
+    m, sd, n = st
+    if pct:
+        return f"{100 * m:.1f}% ± {100 * sd:.1f}"
+    return f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+
+
+def to_markdown(table: dict[str, Any]) -> str:
+    """Two Markdown tables: perplexity and gains (Table 2 / 4 layout), then retrieval metrics (Table 3 layout)."""
+    paper = table["domain"] is not None
+    head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
+    if paper:
+        head += [f"paper ({table['domain']})", "paper oracle"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table["rows"]:
+        cells = [r["label"], str(len(r["seeds"])), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3), _fmt(r.get("none")),
+                 _fmt(r.get("gain"), 3), _fmt(r.get("oracle")), _fmt(r.get("oracle_gain"), 3)]
+        if paper:
+            p = r.get("paper") or {}
+            cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))]
+        lines.append("| " + " | ".join(cells) + " |")
+    with_metrics = [r for r in table["rows"] if "metrics_model" in r or "metrics_bm25" in r]
+    if with_metrics:
+        lines += ["", "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
+                  "|---|---|---|---|---|" + ("---|" if paper else "")]
+        bm25_seen: list[Any] = []  # BM25 ranks the same chunks for every model of one test split: show it once
+        for r in with_metrics:
+            for who in ("model", "bm25"):
+                m = r.get(f"metrics_{who}")
+                means = [round(x[0], 6) for x in m] if m is not None else None
+                if m is None or (who == "bm25" and means in bm25_seen):
+                    continue
+                if who == "bm25":
+                    bm25_seen.append(means)
+                name = r["label"] if who == "model" else ("BM25" if len(bm25_seen) == 1 else f"BM25 (with {r['label']})")
+                cells = [name, str(m[0][2]), *(_fmt(x, pct=True) for x in m)]
+                if paper:
+                    ref = PAPER_METRICS.get(table["domain"], {}).get(r["variant"] if who == "model" else "bm25")
+                    cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")
+                lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", table["note"]]
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""`rpt compare`: settings grouped over seeds, paired gains, labels by what differs, the paper's rows, bad input."""
+
+import json
+
+import pytest
+
+from rpt.cli import main
+from rpt.compare import compare, group_settings, load_results, paper_row, to_markdown
+from rpt.config import RPTConfig
+from rpt.utils import UserError
+
+
+def result(variant: str, seed: int, source: str, ppl: float, step: int = 100, k: int = 2, metrics=None, **train):
+    cfg = RPTConfig.from_preset("tiny", variant=variant)
+    cfg.train.seed, cfg.train.out_dir = seed, f"runs/x/{variant}-seed{seed}"
+    for key, v in train.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, v)
+    r = {"config": cfg.to_dict(), "step": step, "eval": {"source": source, "n_neighbors": k, "split": "test"},
+         "total": {"perplexity": ppl}}
+    if metrics is not None:
+        r["retrieval"] = {"model": dict(zip(("precision@2", "recall@10", "ndcg@20"), metrics, strict=True)),
+                          "bm25": {"precision@2": 0.5, "recall@10": 0.8, "ndcg@20": 0.6}}
+    r["_path"] = f"{variant}-{seed}-{source}.json"
+    return r
+
+
+def test_rows_pair_seeds_for_gains_and_the_xl_ratio():
+    rs = [result("xl", 0, "none", 100.0), result("xl", 1, "none", 200.0),
+          result("retro", 0, "bm25", 90.0), result("retro", 0, "none", 99.0),
+          result("retro", 1, "bm25", 160.0), result("retro", 1, "none", 200.0)]
+    rows = {r["label"]: r for r in compare(rs)["rows"]}
+    assert list(rows) == ["xl", "retro"]
+    retro = rows["retro"]
+    assert retro["seeds"] == [0, 1] and retro["ppl"][0] == pytest.approx(125.0)
+    # paired: 99/90 = 1.1 and 200/160 = 1.25 (not the ratio of the means, 149.5 / 125)
+    assert retro["gain"][0] == pytest.approx((1.1 + 1.25) / 2) and retro["gain"][2] == 2
+    assert retro["vs_xl"][0] == pytest.approx((0.9 + 0.8) / 2)
+    assert retro["gain"][1] == pytest.approx(0.10606601717798213)  # sd of (1.1, 1.25)
+    assert "gain" not in rows["xl"] and rows["xl"]["source"] == "none"
+
+
+def test_settings_are_labelled_by_what_sets_them_apart_and_matched_to_the_paper():
+    rs = [result("rpt-sem", 0, "model", 50.0), result("rpt-sem", 0, "oracle", 45.0),
+          result("rpt-sem", 0, "model", 60.0, train__ss_schedule="gold"),
+          result("rpt-sem", 0, "model", 55.0, model__gate="none"),
+          result("memorizing", 0, "none", 70.0, model__memory_tokens=32768)]
+    settings = group_settings(rs)
+    labels = sorted(s.label for s in settings)
+    assert labels == ["memorizing", "rpt-sem (gate=none, ss_schedule=anneal)", "rpt-sem (gate=paper, ss_schedule=anneal)",
+                      "rpt-sem (gate=paper, ss_schedule=gold)"]
+    rows = {paper_row(s): s for s in settings}
+    assert set(rows) == {"RPT-Sem", "RPT-Sem - Only Teacher forcing", "RPT-Sem - No Neighbor Gating",
+                         "Memorizing Transformer (32K)"}
+    table = compare(rs, "code")
+    sem = next(r for r in table["rows"] if r["paper"]["row"] == "RPT-Sem")
+    assert sem["paper"] == {"row": "RPT-Sem", "ppl": 2.17, "oracle": 2.10, "metrics": (0.34, 0.56, 0.30)}
+    assert sem["oracle"][0] == 45.0
+
+
+def test_markdown_shows_spread_metrics_and_one_bm25_row():
+    rs = [result("rpt-lex", s, "model", 100.0 + s, metrics=(0.1 + s / 100, 0.2, 0.3)) for s in range(3)]
+    rs += [result("rpt-lex", s, "none", 101.0 + s) for s in range(3)]
+    rs += [result("rpt-sem", s, "model", 90.0, metrics=(0.2, 0.3, 0.4)) for s in range(2)]
+    text = to_markdown(compare(rs, "code"))
+    assert "| rpt-lex | 3 | 101.0 ± 1.0 |" in text
+    assert "| rpt-lex | 3 | 11.0% ± 1.0 | 20.0% ± 0.0 | 30.0% ± 0.0 | 26% / 52% / 23% |" in text
+    assert text.count("| BM25 |") == 1 and "BM25 (with" not in text
+
+
+def test_files_and_folders_and_errors(tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    for r in (result("xl", 0, "none", 10.0), result("xl", 1, "none", 12.0)):
+        (tmp_path / "runs" / r["_path"]).write_text(json.dumps(r))
+    (tmp_path / "runs" / "other.json").write_text('{"not": "a result"}')  # skipped inside a folder
+    assert len(load_results([tmp_path / "runs"])) == 2
+    with pytest.raises(UserError, match="other.json: not an `rpt eval` result"):
+        load_results([tmp_path / "runs" / "other.json"])
+    with pytest.raises(UserError, match="missing.json: no such file"):
+        load_results([tmp_path / "missing.json"])
+    dup = result("xl", 0, "none", 11.0)
+    with pytest.raises(UserError, match="a second, different result for xl seed 0"):
+        compare([result("xl", 0, "none", 10.0), dup])
+    with pytest.raises(UserError, match="--paper 'wiki'"):
+        compare([dup], "wiki")
+    assert main(["compare", str(tmp_path / "runs"), "--paper", "code", "--out", str(tmp_path / "t.json"),
+                 "--markdown", str(tmp_path / "t.md")]) == 0
+    out = capsys.readouterr().out
+    assert "| xl | 2 | 11.0 ± 1.4 |" in out and (tmp_path / "t.md").read_text().strip() == out.strip()
+    assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["paper"]["ppl"] == 2.3
