@@ -55,7 +55,10 @@ PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.
                  "arxiv": {"bm25": (0.27, 0.55, 0.24), "rpt-lex": (0.26, 0.54, 0.24), "rpt-sem": (0.32, 0.58, 0.30)},
                  "pg19": {"bm25": (0.22, 0.55, 0.18), "rpt-lex": (0.22, 0.55, 0.18), "rpt-sem": (0.28, 0.61, 0.23)},
                  "books3": {"bm25": (0.23, 0.55, 0.18), "rpt-lex": (0.19, 0.50, 0.16), "rpt-sem": (0.26, 0.58, 0.22)}}
-_IGNORED = ("train.seed", "train.out_dir")  # what differs between the seeds of one setting
+# what may differ between the results of one setting: the seed and run folder, bookkeeping, the chunked LM loss (the
+# same function: tests/model), and the training config's own eval section (the eval run's settings are in "eval")
+_IGNORED = ("train.seed", "train.out_dir", "train.log_every", "train.checkpoint_every", "train.keep_last",
+            "train.tensorboard", "train.loss_chunk")
 METRICS = ("precision@2", "recall@10", "ndcg@20")
 
 
@@ -112,8 +115,12 @@ class Setting:
 
 def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     settings: dict[tuple, Setting] = {}
+    from rpt.config import RPTConfig
+
+    defaults = _flat(RPTConfig().to_dict())  # a result written before a field existed ran with its default
     for r in results:
-        flat = {k: v for k, v in _flat(r["config"]).items() if k not in _IGNORED}
+        flat = {k: v for k, v in {**defaults, **_flat(r["config"])}.items()
+                if k not in _IGNORED and not k.startswith("eval.")}
         k = int(r["eval"]["n_neighbors"])
         split = r["eval"].get("split")
         key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
@@ -189,10 +196,17 @@ def _ratios(num: dict[int, float], den: dict[int, float]) -> list[float]:
     return [num[s] / den[s] for s in sorted(set(num) & set(den))]
 
 
-def compare(results: list[dict[str, Any]], domain: str | None = None) -> dict[str, Any]:
-    """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure."""
+def compare(results: list[dict[str, Any]], domain: str | None = None, step: int | None = None) -> dict[str, Any]:
+    """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure;
+    `step` keeps only the results of checkpoints at that step."""
     if domain is not None and domain not in DOMAINS:
         raise UserError(f"--paper {domain!r}: choose from {', '.join(DOMAINS)}")
+    if step is not None:
+        kept = [r for r in results if r.get("step") == step]
+        if not kept:
+            raise UserError(f"--step {step}: no result is of a checkpoint at that step "
+                            f"(steps found: {sorted({r.get('step') for r in results}, key=str)})")
+        results = kept
     settings = group_settings(results)
     data_keys = ("data.store", "data.seq_len", "data.tokenizer")
 
@@ -234,13 +248,16 @@ def compare(results: list[dict[str, Any]], domain: str | None = None) -> dict[st
                     "the gap exceeds the spread"}
 
 
-def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False) -> str:
+def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False, n_row: int | None = None) -> str:
+    """mean ± sd; "(n=k)" where fewer seeds stand behind it than behind its row (a paired ratio missing a partner)."""
     if st is None:
         return ""
     m, sd, n = st
     if pct:
-        return f"{100 * m:.1f}% ± {100 * sd:.1f}"
-    return f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+        text = f"{100 * m:.1f}% ± {100 * sd:.1f}"
+    else:
+        text = f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+    return text + (f" (n={n})" if n_row is not None and n != n_row else "")
 
 
 def to_markdown(table: dict[str, Any]) -> str:
@@ -251,8 +268,9 @@ def to_markdown(table: dict[str, Any]) -> str:
         head += [f"paper ({table['domain']})", "paper oracle"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
-        cells = [r["label"], str(len(r["seeds"])), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3), _fmt(r.get("none")),
-                 _fmt(r.get("gain"), 3), _fmt(r.get("oracle")), _fmt(r.get("oracle_gain"), 3)]
+        n = len(r["seeds"])
+        cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n), _fmt(r.get("none"), n_row=n),
+                 _fmt(r.get("gain"), 3, n_row=n), _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
         if paper:
             p = r.get("paper") or {}
             cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))]

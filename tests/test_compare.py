@@ -88,3 +88,17 @@ def test_files_and_folders_and_errors(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| xl | 2 | 11.0 ± 1.4 |" in out and (tmp_path / "t.md").read_text().strip() == out.strip()
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["paper"]["ppl"] == 2.3
+
+
+def test_step_filter_defaults_for_old_results_and_unpaired_ratios():
+    old = result("retro", 0, "bm25", 90.0, step=200)
+    del old["config"]["model"]["cca_qk_init"]  # written before the field existed: it ran with the default
+    rs = [old, result("retro", 0, "none", 99.0, step=200), result("retro", 1, "bm25", 80.0, step=200),
+          result("retro", 1, "none", 96.0, step=200), result("xl", 0, "none", 100.0, step=200),
+          result("retro", 0, "bm25", 50.0, step=400, train__loss_chunk=0)]
+    assert [r["label"] for r in compare(rs)["rows"]] == ["xl", "retro (step 200)", "retro (step 400)"]
+    table = compare(rs, step=200)
+    assert [r["label"] for r in table["rows"]] == ["xl", "retro"]  # one setting: old and new configs agree
+    assert "| retro | 2 | 85.0 ± 7.1 | 0.900 (n=1) |" in to_markdown(table)
+    with pytest.raises(UserError, match=r"--step 300: no result .*steps found: \[200, 400\]"):
+        compare(rs, step=300)

@@ -15,6 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("results", nargs="+", metavar="RESULT", help="`rpt eval` result JSONs, or folders searched for them")
     p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
+    p.add_argument("--step", type=int, help="only the results of checkpoints at this step (default: every step, one row each)")
     p.add_argument("--out", help="also write the table as JSON here")
     p.add_argument("--markdown", help="also write the Markdown tables here")
 
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from rpt.compare import compare, load_results, to_markdown
     from rpt.utils import write_json_atomic
 
-    table = compare(load_results(args.results), args.paper)
+    table = compare(load_results(args.results), args.paper, args.step)
     text = to_markdown(table)
     print(text)
     if args.out:
