@@ -82,10 +82,10 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     # --- the baselines (Table 2); each field is read by its own variant only -------------------------------------
-    memory_layer: int = -1  # memorizing: the layer that also reads the kNN memory (-1: n_layers - 3, Wu et al.'s 9th of 12)
+    memory_layer: int = -1  # memorizing: the layer that also reads the kNN memory (-1: n_layers - 4, Wu et al.'s 9th of 12)
     memory_topk: int = 32  # memorizing: memory entries each query token reads (Wu et al.: 32)
     memory_tokens: int = 65536  # memorizing: tokens the memory keeps, oldest dropped first (the paper's rows: 32K and 65K)
-    recurrent_layer: int = -1  # block-recurrent: the recurrent layer (-1: n_layers - 2, as Hutchins et al.'s 10th of 12)
+    recurrent_layer: int = -1  # block-recurrent: the recurrent layer (-1: n_layers - 3, as Hutchins et al.'s 10th of 12)
     recurrent_state: int = 512  # block-recurrent: state vectors carried from block to block (blocks are segments)
     recurrent_gate: Literal["fixed", "learned"] = "fixed"  # block-recurrent: the state update's gate (fixed | LSTM-style)
     griffin_pattern: str = "RRA"  # griffin: block types repeated over the layers: R recurrent (RG-LRU), A local attention
@@ -98,11 +98,15 @@ class ModelConfig:
 
     @property
     def memory_layer_index(self) -> int:
-        return self.memory_layer if self.memory_layer >= 0 else max(0, self.n_layers - 3)
+        """The memorizing layer: as configured, else n_layers - 4 (index 8 of 12, as Wu et al.'s official config), never
+        below the middle layer (index 2 of the tiny preset's 4)."""
+        return self.memory_layer if self.memory_layer >= 0 else max(self.n_layers // 2, self.n_layers - 4)
 
     @property
     def recurrent_layer_index(self) -> int:
-        return self.recurrent_layer if self.recurrent_layer >= 0 else max(0, self.n_layers - 2)
+        """The block-recurrent layer: as configured, else n_layers - 3 (index 9 of 12, as Hutchins et al.), never below
+        the middle layer."""
+        return self.recurrent_layer if self.recurrent_layer >= 0 else max(self.n_layers // 2, self.n_layers - 3)
 
     @property
     def n_lower(self) -> int:
@@ -349,7 +353,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 def _tiny() -> dict:
     return {
         "model": {"vocab_size": 512, "d_model": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden": 172, "segment_len": 128,
-                  "cca_layers": [2, 3], "dropout": 0.0},
+                  "cca_layers": [2, 3], "dropout": 0.0, "recurrent_state": 128},
         "data": {"tokenizer": "bpe:2048", "seq_len": 1024},
         # loss_chunk 0: the full-logit loss. Its logits are small (2 x 1,024 x 2,048 fp32 = 16 MB), and the figures in
         # docs/results.md were measured with it: the chunked loss changes float rounding, which alone moved the copy

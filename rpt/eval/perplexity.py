@@ -40,6 +40,7 @@ from rpt.data.store import StoreError, TokenStore
 from rpt.eval import analysis, metrics
 from rpt.eval.memory import MemoryKind, make_memory, memory_name
 from rpt.model.memory import ChunkMemory
+from rpt.model.registry import spec
 from rpt.utils import UserError, write_json_atomic
 
 RESULT_VERSION = 1
@@ -178,14 +179,10 @@ def evaluate_document(model: torch.nn.Module, tokens: np.ndarray | torch.Tensor,
 
 
 def default_source(variant: str) -> str:
-    from rpt.model.registry import spec
-
     return {"none": "none", "bm25": "bm25", "own": "model"}[spec(variant).neighbours]
 
 
 def check_source(variant: str, source: str) -> None:
-    from rpt.model.registry import spec
-
     if source not in SOURCES:
         raise UserError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
     if spec(variant).neighbours == "none" and source != "none":
@@ -448,7 +445,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
             "step": json.loads(state.read_text()).get("step") if state.is_file() else None,
             "config": cfg.to_dict(),
             "eval": {"store": str(tokens_store.path), "split": split, "n_neighbors": n_neighbors, "source": source,
-                     "memory": memory_name(factory) if mcfg.uses_retrieval else None,
+                     "memory": memory_name(factory) if spec(mcfg.variant).state in ("chunk-memory", "token-memory") else None,
                      "labels": None if label_store is None else str(label_store.path), "max_documents": max_documents,
                      "device": str(dev), "world_size": info.world_size, "tokenizer_checked": tok_id is not None,
                      "per_chunk": per_chunk, "baseline": None if baseline is None else str(baseline),
