@@ -49,6 +49,9 @@ PAPER: dict[str, dict[str, Any]] = {
     "RPT-Sem - Only Teacher forcing": {"ppl": (2.91, 2.22, 11.54, 14.66)},
     "RPT-Sem - No Teacher forcing": {"ppl": (2.95, 2.26, 13.10, 14.40)},
     "RPT-Sem - No Neighbor Gating": {"ppl": (2.92, 2.20, 11.50, 18.68)},
+    "RETRO w. DPR-style retriever": {"ppl": (2.97, 2.28, 11.7, 14.86)},
+    "RPT-Lex w. DPR-style retriever": {"ppl": (2.84, 2.26, 11.11, 14.17)},
+    "RPT-Sem w. DPR-style retriever": {"ppl": (2.98, 2.33, 11.62, 14.66)},
 }
 # Table 3: retrieval metrics on Code (BM25, RPT-Lex, RPT-Sem)
 PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.23), "rpt-sem": (0.34, 0.56, 0.30)},
@@ -172,6 +175,9 @@ def paper_row(s: Setting, source: str | None = None) -> str | None:
     c, v = s.config, s.variant
     if source == "oracle":
         return {"rpt-lex": "RPT-Lex w. Oracle", "rpt-sem": "RPT-Sem w. Oracle"}.get(v)
+    if source == "dpr":
+        return {"retro": "RETRO w. DPR-style retriever", "rpt-lex": "RPT-Lex w. DPR-style retriever",
+                "rpt-sem": "RPT-Sem w. DPR-style retriever"}.get(v)
     if v == "rpt-sem":
         if c.get("train.ss_schedule") == "gold":
             return "RPT-Sem - Only Teacher forcing"
@@ -230,7 +236,9 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if "oracle" in s.ppl:
             row["oracle"] = _stats(list(s.ppl["oracle"].values()))
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
-        for who in ("model", "bm25"):
+        if "dpr" in s.ppl:
+            row["dpr"] = _stats(list(s.ppl["dpr"].values()))
+        for who in ("model", "bm25", "dpr"):
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
                 row[f"metrics_{who}"] = [_stats([v[i] for v in vals]) for i in range(len(METRICS))]
@@ -238,8 +246,9 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if domain is not None and name is not None:
             i = DOMAINS.index(domain)
             row["paper"] = {"row": name, "ppl": PAPER[name]["ppl"][i]}
-            if "oracle" in s.ppl and (o := paper_row(s, "oracle")):
-                row["paper"]["oracle"] = PAPER[o]["ppl"][i]
+            for src in ("oracle", "dpr"):
+                if src in s.ppl and (o := paper_row(s, src)):
+                    row["paper"][src] = PAPER[o]["ppl"][i]
             if domain in PAPER_METRICS and s.variant in PAPER_METRICS[domain]:
                 row["paper"]["metrics"] = PAPER_METRICS[domain][s.variant]
         rows.append(row)
@@ -263,35 +272,40 @@ def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False
 def to_markdown(table: dict[str, Any]) -> str:
     """Two Markdown tables: perplexity and gains (Table 2 / 4 layout), then retrieval metrics (Table 3 layout)."""
     paper = table["domain"] is not None
+    dpr = any("dpr" in r for r in table["rows"])
     head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
+    head += ["ppl, DPR neighbours"] if dpr else []
     if paper:
-        head += [f"paper ({table['domain']})", "paper oracle"]
+        head += [f"paper ({table['domain']})", "paper oracle"] + (["paper DPR"] if dpr else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
         n = len(r["seeds"])
         cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n), _fmt(r.get("none"), n_row=n),
                  _fmt(r.get("gain"), 3, n_row=n), _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
+        cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
         if paper:
             p = r.get("paper") or {}
-            cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))]
+            cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))] + ([str(p.get("dpr", ""))] if dpr else [])
         lines.append("| " + " | ".join(cells) + " |")
-    with_metrics = [r for r in table["rows"] if "metrics_model" in r or "metrics_bm25" in r]
+    with_metrics = [r for r in table["rows"] if any(f"metrics_{w}" in r for w in ("model", "bm25", "dpr"))]
     if with_metrics:
         lines += ["", "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
                   "|---|---|---|---|---|" + ("---|" if paper else "")]
-        bm25_seen: list[Any] = []  # BM25 ranks the same chunks for every model of one test split: show it once
+        bm25_seen: list[Any] = []  # BM25 (and a DPR) rank the same chunks for every model of one split: show them once
         for r in with_metrics:
-            for who in ("model", "bm25"):
+            for who in ("model", "bm25", "dpr"):
                 m = r.get(f"metrics_{who}")
-                means = [round(x[0], 6) for x in m] if m is not None else None
-                if m is None or (who == "bm25" and means in bm25_seen):
+                means = [who, *(round(x[0], 6) for x in m)] if m is not None else None
+                if m is None or (who != "model" and means in bm25_seen):
                     continue
-                if who == "bm25":
+                if who != "model":
                     bm25_seen.append(means)
-                name = r["label"] if who == "model" else ("BM25" if len(bm25_seen) == 1 else f"BM25 (with {r['label']})")
+                fixed = {"bm25": "BM25", "dpr": "DPR-style"}.get(who)
+                same = sum(x[0] == who for x in bm25_seen)
+                name = r["label"] if who == "model" else (fixed if same == 1 else f"{fixed} (with {r['label']})")
                 cells = [name, str(m[0][2]), *(_fmt(x, pct=True) for x in m)]
                 if paper:
-                    ref = PAPER_METRICS.get(table["domain"], {}).get(r["variant"] if who == "model" else "bm25")
+                    ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))
                     cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")
                 lines.append("| " + " | ".join(cells) + " |")
     lines += ["", table["note"]]

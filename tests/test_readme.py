@@ -23,6 +23,8 @@ SMALL = {  # verb -> flags appended to make it quick
     "eval": ["--max-documents", "1", "--no-progress"],
     "generate": ["--max-new-tokens", "8"],
     "explore": [],
+    "compare": [],
+    "dpr": ["--steps", "2", "--batch-size", "4", "--max-documents", "2", "--heldout", "2", "--no-progress"],
 }
 ELSEWHERE = {"demo", "copytest", "bench"}
 
@@ -57,7 +59,7 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
         out = capsys.readouterr()
         assert code == 0, f"README command failed (exit {code}): {line}\n{out.err[-2000:]}"
         ran.append(verb)
-    assert ran.count("label") == 3 and ran.count("train") == 2 and {"prepare", "eval", "generate", "explore"} <= set(ran)
+    assert ran.count("label") == 3 and ran.count("train") == 3 and {"prepare", "eval", "generate", "explore"} <= set(ran)
     assert (tmp_path / "explore.html").is_file() and (tmp_path / "sem.json").is_file()
 
 

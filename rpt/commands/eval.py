@@ -21,9 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split to evaluate (default test)")
     p.add_argument("--neighbors", type=int, default=2, help=f"K, neighbours per chunk at inference: 1..{MAX_NEIGHBORS}; "
                    "each adds 2 chunks of keys to every CCA layer (the paper uses 2, 3 or 4; default 2)")
-    p.add_argument("--source", choices=("model", "bm25", "oracle", "none"),
+    p.add_argument("--source", choices=("model", "bm25", "oracle", "dpr", "none"),
                    help="neighbours fed to CCA: model (own retriever; default for rpt-*), bm25 (query c_q only; default "
-                   "for retro), oracle (scorer's best positives; needs --labels), none (default for xl)")
+                   "for retro), oracle (scorer's best positives; needs --labels), dpr (a DPR-style retriever, "
+                   "--retriever), none (default for xl and the baselines)")
+    p.add_argument("--retriever", help="a DPR-style retriever folder (`rpt dpr`) or hf:NAME: the neighbours of --source "
+                   "dpr, and one more ranking under --metrics")
     p.add_argument("--labels", help="sem label store of this split with span doc (`rpt label --kind sem --span doc`): "
                    "needed by --source oracle, --metrics and --baseline")
     p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
                       bm25_statistics=args.bm25_stats, precision=args.precision, device=args.device,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, retriever=args.retriever)
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 writes and prints
     print(format_summary(result))

@@ -44,7 +44,7 @@ from rpt.model.registry import spec
 from rpt.utils import UserError, write_json_atomic
 
 RESULT_VERSION = 1
-SOURCES = ("model", "bm25", "oracle", "none")
+SOURCES = ("model", "bm25", "oracle", "dpr", "none")
 METRIC_DEPTH = 20  # rankings are taken to depth 20 for the retrieval metrics (nDCG@20)
 
 
@@ -218,8 +218,10 @@ def open_eval_labels(path: str | Path, store: TokenStore, segment_len: int, docs
 def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, source: str = "model", n_neighbors: int = 2,
              labels=None, memory: Callable[[], ChunkMemory] | None = None, with_metrics: bool = False,
              per_chunk: bool = False, bm25_statistics: Literal["causal", "document"] = "causal", rank: int = 0,
-             world_size: int = 1, progress: bool = False, autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
+             world_size: int = 1, progress: bool = False, autocast_dtype: torch.dtype | None = None,
+             retriever=None) -> dict[str, Any]:
     """Evaluate this rank's share of `docs`; returns sums (not yet reduced over ranks) and per-document records.
+    retriever: the DPR-style retriever of source "dpr" (`rpt.retrievers.dpr`); with --metrics it is ranked too.
 
     Returns {"sums": {"nll_sum", "n_targets", "metrics.model.*", "metrics.bm25.*", "overlap.model.*", ...},
              "documents": [record, ...]} with one record per document of this rank (see `run_eval`).
@@ -231,6 +233,8 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
     check_source(cfg.variant, source)
     if (source == "oracle" or with_metrics) and labels is None:
         raise UserError(f"{'--source oracle' if source == 'oracle' else '--metrics'} needs --labels (sem, span doc)")
+    if source == "dpr" and retriever is None:
+        raise UserError("--source dpr needs --retriever FOLDER (trained by `rpt dpr`) or hf:NAME")
     mine = shard(docs, rank, world_size)
     lengths = store.doc_lengths()
     bar = tqdm(total=int(sum(int(lengths[d]) for d in mine)), unit="tok", unit_scale=True, desc="eval",
@@ -245,9 +249,16 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
         bm25_ids = None
         if source == "bm25" or with_metrics:
             bm25_ids = bm25_neighbors(tokens, M, S, max(K, METRIC_DEPTH if with_metrics else K), bm25_statistics)
+        dpr_ids = None
+        if retriever is not None:
+            from rpt.retrievers.dpr import dpr_neighbors
+
+            dpr_ids = dpr_neighbors(retriever, tokens, M, S, max(K, METRIC_DEPTH if with_metrics else K))
         supplied = None
         if source == "bm25":
             supplied = bm25_ids[:, :K]
+        elif source == "dpr":
+            supplied = dpr_ids[:, :K]
         elif source == "oracle":
             supplied = oracle_neighbors(rows.candidates, rows.target, K)
         elif source == "none" and cfg.uses_retrieval:
@@ -262,6 +273,8 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
                                "memory_bytes": ev.memory_bytes, "kv_cache_bytes": ev.kv_cache_bytes, "seconds": ev.seconds}
         if with_metrics:
             rankings = {"bm25": bm25_ids[:, :METRIC_DEPTH]}
+            if dpr_ids is not None:
+                rankings["dpr"] = dpr_ids[:, :METRIC_DEPTH]
             if ev.top_ids is not None:
                 rankings = {"model": ev.top_ids[:, :METRIC_DEPTH], **rankings}
             for name, ranked in rankings.items():
@@ -372,13 +385,15 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
              source: str | None = None, labels: str | Path | None = None, memory: MemoryKind = "auto",
              max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
              baseline: str | Path | None = None, bm25_statistics: Literal["causal", "document"] = "causal",
-             precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True) -> dict[str, Any]:
+             precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True,
+             retriever: str | Path | None = None) -> dict[str, Any]:
     """`rpt eval`: perplexity of a checkpoint over the documents of a split, optionally with retrieval metrics and the
     §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it. Layout::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
-                  "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision"},
+                  "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
+                  "retriever"},
          "total": {"n_documents", "n_tokens", "nll_sum", "n_targets", "nll_mean", "perplexity", "seconds",
                    "tokens_per_second", "peak_memory_bytes"},
          "documents": [{"index", "id", "n_tokens", "n_chunks", "nll_sum", "n_targets", "perplexity", "memory_bytes",
@@ -423,6 +438,15 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
             raise UserError(f"{what} needs --labels: a sem label store of this split with span doc "
                             f"(rpt label --store {store} --split {split} --kind sem --span doc)")
         factory = make_memory(memory, dev)
+        dpr = None
+        if retriever is not None:
+            from rpt.retrievers.dpr import load_retriever
+
+            dpr = load_retriever(retriever, dev)
+            dpr.check_store(tokens_store)
+            dpr.check_chunks(mcfg.chunk_size, 0)
+        elif source == "dpr":
+            raise UserError("--source dpr needs --retriever FOLDER (trained by `rpt dpr`) or hf:NAME")
         if precision not in ("fp32", "bf16"):
             raise UserError(f"--precision must be fp32 or bf16, not {precision!r}")
         if precision == "bf16" and dev.type != "cuda":
@@ -432,7 +456,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
         part = evaluate(model, tokens_store, docs, source=source, n_neighbors=n_neighbors, labels=label_store,
                         memory=factory, with_metrics=with_metrics, per_chunk=per_chunk, bm25_statistics=bm25_statistics,
                         rank=info.rank, world_size=info.world_size, progress=progress and info.is_main,
-                        autocast_dtype=torch.bfloat16 if precision == "bf16" else None)
+                        autocast_dtype=torch.bfloat16 if precision == "bf16" else None, retriever=dpr)
         # every rank reduces the same names in the same order (a rank without documents has no metric keys)
         names = sorted({n for ns in D.all_gather_object(sorted(part["sums"]), info) for n in ns})
         sums = reduce_sums(part["sums"], names, info)
@@ -449,7 +473,8 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
                      "labels": None if label_store is None else str(label_store.path), "max_documents": max_documents,
                      "device": str(dev), "world_size": info.world_size, "tokenizer_checked": tok_id is not None,
                      "per_chunk": per_chunk, "baseline": None if baseline is None else str(baseline),
-                     "bm25_statistics": bm25_statistics, "precision": precision},
+                     "bm25_statistics": bm25_statistics, "precision": precision,
+                     "retriever": None if dpr is None else str(retriever)},
         }
         result.update(summarize(sums, documents, seconds))
         result["documents"] = documents

@@ -94,6 +94,9 @@ def test_default_output_path(setup, capsys):
     ("retro-model", "retro has no retriever"),
     ("neighbors-0", "--neighbors must be >= 1"),
     ("missing-baseline", "no such result file"),
+    ("dpr-without-retriever", "--source dpr needs --retriever"),
+    ("xl-dpr", "xl has no chunked cross-attention"),
+    ("missing-retriever", "nowhere-dpr"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(setup, tmp_path, capsys, case, message):
     s = setup
@@ -122,6 +125,12 @@ def test_bad_input_exits_2_with_a_clear_message(setup, tmp_path, capsys, case, m
         args = ["--checkpoint", s["runs"]["retro"], *base, "--source", "model"]
     elif case == "neighbors-0":
         args = ["--checkpoint", sem, *base, "--neighbors", 0]
+    elif case == "dpr-without-retriever":
+        args = ["--checkpoint", s["runs"]["retro"], *base, "--source", "dpr"]
+    elif case == "xl-dpr":
+        args = ["--checkpoint", s["runs"]["xl"], *base, "--source", "dpr", "--retriever", tmp_path]
+    elif case == "missing-retriever":
+        args = ["--checkpoint", sem, *base, "--source", "dpr", "--retriever", tmp_path / "nowhere-dpr"]
     else:
         args = ["--checkpoint", sem, *base, "--baseline", tmp_path / "absent.json"]
     assert run(*args) == 2
