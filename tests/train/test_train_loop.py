@@ -7,6 +7,7 @@ import torch
 from train_helpers import StandIn, make_labels, tiny_config, write_label_store
 
 from rpt import checkpoint as ck
+from rpt.config import VARIANTS
 from rpt.train.data import LabelMismatch, SequenceDataset, open_store
 from rpt.train.loop import NonFiniteLoss, prepare, train
 
@@ -29,6 +30,24 @@ def kill_at(step_to_kill: int):
             raise Killed
 
     return hook
+
+
+@pytest.mark.parametrize("variant", ["memorizing", "block-recurrent", "griffin"])
+def test_the_baselines_resume_exactly_and_need_no_labels(corpus, variant):
+    """A baseline trains through the same loop without labels (labels given are not read), and a killed run resumes
+    to the same weights as an uninterrupted one."""
+    tmp = corpus["tmp"]
+    kw = dict(model={"dropout": 0.1}, variant=variant, steps=4, batch_size=1, grad_accum=2, checkpoint_every=2,
+              log_every=2)
+    full = train(tiny_config(tmp, out_dir=str(tmp / f"{variant}-a"), **kw), corpus["root"], None, progress=False)
+    b = tiny_config(tmp, out_dir=str(tmp / f"{variant}-b"), **kw)
+    with pytest.raises(Killed):
+        train(b, corpus["root"], None, progress=False, on_step=kill_at(3))
+    resumed = train(b, corpus["root"], None, progress=False)
+    wa, wb = weights(full.checkpoint), weights(resumed.checkpoint)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    model, cfg = ck.load_model(resumed.checkpoint)
+    assert type(model).__name__ != "RPT" and cfg.model.variant == variant
 
 
 @pytest.mark.parametrize("optimizer", ["adabelief", "adamw"])
@@ -202,10 +221,10 @@ def test_prepare_feeds_gold_neighbours_and_the_sampling_mask(corpus):
     assert prepare(batch, tiny_config(corpus["tmp"], variant="xl").model, 1.0, 0, torch.device("cpu")).model_kwargs == {}
 
 
-@pytest.mark.parametrize("variant", ["xl", "retro", "rpt-lex", "rpt-sem"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_a_tiny_rpt_lowers_its_loss_for_every_variant(corpus, variant):
     cfg = tiny_config(corpus["tmp"], variant=variant, steps=30, lr=1e-2, warmup_steps=2, log_every=5, checkpoint_every=30)
-    res = train(cfg, corpus["root"], corpus["labels"] if variant != "xl" else None, progress=False)
+    res = train(cfg, corpus["root"], corpus["labels"] if cfg.model.uses_retrieval else None, progress=False)
     log = read_log(corpus["tmp"] / "run")
     assert log[-1]["lm_loss"] < log[0]["lm_loss"] - 0.5
     if variant.startswith("rpt"):
