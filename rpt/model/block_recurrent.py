@@ -79,10 +79,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.config import ModelConfig, RPTConfig
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, rotary_cos_sin
-from rpt.model.rpt import DecoderLayer, RPTOutput
-from rpt.train.losses import lm_loss_chunked
+from rpt.config import ModelConfig
+from rpt.model.decoder import SegmentDecoder
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, keyed_generator
+from rpt.model.rpt import DecoderLayer
 
 VARIANT = "block-recurrent"
 KEEP_LOGIT = 1.0  # the fixed gate's starting logit and the LSTM forget gate's offset (sigmoid(1) = 0.73 of c kept)
@@ -261,95 +261,33 @@ class RecurrentLayer(nn.Module):
         return x
 
 
-class BlockRecurrentTransformer(nn.Module):
-    def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
-        """seed: the initialisation seed (`init_weights`: built with one seed, this model and xl start from the same
-        trunk weights); None draws it from torch's global generator."""
-        super().__init__()
-        cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
-        cfg.validate()
+class BlockRecurrentTransformer(SegmentDecoder):
+    """xl with one recurrent layer (`cfg.recurrent_layer_index`); forward is `SegmentDecoder`'s, and step differs only
+    in handing the recurrent layer the whole cache (its state and the unfinished block)."""
+
+    def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:
         if cfg.variant != VARIANT:
             raise ValueError(f"BlockRecurrentTransformer is the {VARIANT!r} variant, not {cfg.variant!r}")
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu"))
-        self.cfg = cfg
         self.recurrent_index = r = cfg.recurrent_layer_index
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(RecurrentLayer(cfg) if i == r else DecoderLayer(cfg, with_cca=False)
-                                    for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        init_weights(self, cfg.init_std, cfg.n_layers, seed)
-        self.recurrent.cell.init_state_ids(seed, f"layers.{r}.cell.state_ids")
+        return [RecurrentLayer(cfg) if i == r else DecoderLayer(cfg, with_cca=False) for i in range(cfg.n_layers)]
+
+    def init_extra(self, seed: int) -> None:
+        self.recurrent.cell.init_state_ids(seed, f"layers.{self.recurrent_index}.cell.state_ids")
 
     @property
     def recurrent(self) -> RecurrentLayer:
         return self.layers[self.recurrent_index]  # type: ignore[return-value]
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
-
-    @staticmethod
-    def _no_neighbours(neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
-        if neighbor_ids is not None or use_supplied is not None:
-            raise ValueError(f"variant {VARIANT} reads no neighbours (it has no chunked cross-attention): "
-                             "neighbor_ids and use_supplied must be None")
-
-    def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
-                use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None) -> RPTOutput:
-        """input_ids [B, T], any T, from the start of the documents (the state starts from its learned initial value).
-        The retrieval arguments exist for the common contract: neighbour ids are refused, n_neighbors / retrieve_k
-        ignored. loss_chunk > 0: the LM loss over input_ids (real tokens marked by loss_mask [B, T]) in `out.lm`,
-        computed `loss_chunk` targets at a time, and no logits (as `RPT.forward`)."""
-        self._no_neighbours(neighbor_ids, use_supplied)
-        B, T = input_ids.shape
-        S = self.cfg.segment_len
-        Tp = -(-T // S) * S  # right-pad to whole blocks: padding comes after every real token, so it is inert
-        ids = F.pad(input_ids, (0, Tp - T))
-        rot = self._rot(0, Tp, ids.device)
-        x = self.drop(self.embed(ids))  # [B, Tp, D]
-        for layer in self.layers:
-            x = layer(x, rot)
-        if loss_chunk > 0:
-            return RPTOutput(logits=None, lm=lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids,
-                                                             loss_mask, loss_chunk))
-        return RPTOutput(logits=self._logits(x)[:, :T])
-
-    # ------------------------------------------------------------------------------------------------------------
     def new_cache(self, memory: object = None) -> BlockRecurrentCache:
         """A fresh cache for one batch of documents: the state restarts from the learned initial state (start every
         document with a new cache). `memory` (a chunk memory for the retrieval variants) is ignored."""
         return BlockRecurrentCache(layers=[KVCache() for _ in self.layers])
 
-    @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, cache: BlockRecurrentCache, neighbor_ids: torch.Tensor | None = None,
-             use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-             retrieve_k: int | None = None) -> RPTOutput:
-        """Continue the documents in `cache` with input_ids [B, n] (any n >= 1); returns logits [B, n, V]."""
-        self._no_neighbours(neighbor_ids, use_supplied)
-        S = self.cfg.segment_len
-        logits = []
-        i, n = 0, input_ids.shape[1]
-        while i < n:  # pieces never cross a block boundary (a bounded loop: n / S pieces)
-            take = min(n - i, S - cache.pos % S)
-            logits.append(self._step_piece(input_ids[:, i : i + take], cache))
-            i += take
-        return RPTOutput(logits=torch.cat(logits, 1))
-
     def _step_piece(self, input_ids: torch.Tensor, cache: BlockRecurrentCache) -> torch.Tensor:
-        n = input_ids.shape[1]
-        rot = self._rot(cache.pos, n, input_ids.device)
+        rot = self._rot(cache.pos, input_ids.shape[1], input_ids.device)
         x = self.embed(input_ids)
         for i, (layer, lc) in enumerate(zip(self.layers, cache.layers, strict=True)):
             x = layer.step(x, rot, lc, cache) if i == self.recurrent_index else layer(x, rot, cache=lc)
-        cache.pos += n
         return self._logits(x)
 
 

@@ -75,10 +75,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.config import ModelConfig, RPTConfig
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, rotary_cos_sin
-from rpt.model.rpt import RPTOutput
-from rpt.train.losses import lm_loss_chunked
+from rpt.config import ModelConfig
+from rpt.model.decoder import SegmentDecoder
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, keyed_generator
 
 LRU_C = 8.0  # c: a_t = sigmoid(Lambda)^(c r_t)
 LAMBDA_RANGE = (0.9, 0.999)  # sigmoid(Lambda)^c starts uniform in this range
@@ -332,23 +331,16 @@ class GriffinLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Griffin(nn.Module):
-    def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
-        """seed: the initialisation seed (`init_weights`: the trunk starts from xl's weights for the same seed); None
-        draws it from torch's global generator, so `torch.manual_seed(s)` before building does the same."""
-        super().__init__()
-        cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
-        cfg.validate()
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu"))
-        self.cfg = cfg
+class Griffin(SegmentDecoder):
+    """`griffin_pattern` repeated over the layers: R recurrent blocks and A local attention blocks, each followed by
+    the trunk's MLP; forward and step are `SegmentDecoder`'s."""
+
+    def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:
         pattern = cfg.griffin_pattern
         self.kinds = [pattern[i % len(pattern)] for i in range(cfg.n_layers)]
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(GriffinLayer(cfg, k) for k in self.kinds)
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        return [GriffinLayer(cfg, k) for k in self.kinds]
+
+    def init_extra(self, seed: int) -> None:
         self._init_lambda(seed)
 
     def _init_lambda(self, seed: int) -> None:
@@ -360,61 +352,6 @@ class Griffin(nn.Module):
             with torch.no_grad():
                 lam.copy_(lambda_init(lam.numel(), keyed_generator(seed, f"layers.{i}.rec.lru.lam")))
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
-
-    @staticmethod
-    def _no_neighbours(neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
-        if neighbor_ids is not None or use_supplied is not None:
-            raise ValueError("variant 'griffin' reads no neighbours: neighbor_ids / use_supplied must be None")
-
-    def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
-                use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None) -> RPTOutput:
-        """input_ids [B, T] -> logits [B, T, V] (or, loss_chunk > 0, the LM loss in `out.lm` and no logits, as RPT).
-        The retrieval arguments are accepted for the common contract; neighbour ids are refused, n_neighbors and
-        retrieve_k ignored."""
-        self._no_neighbours(neighbor_ids, use_supplied)
-        B, T = input_ids.shape
-        S = self.cfg.segment_len
-        Tp = -(-T // S) * S  # right-pad to whole segments: padding comes after every real token, so it is inert
-        ids = F.pad(input_ids, (0, Tp - T))
-        rot = self._rot(0, Tp, ids.device)
-        x = self.drop(self.embed(ids))  # [B, Tp, D]
-        for layer in self.layers:
-            x = layer(x, rot)
-        if loss_chunk > 0:
-            return RPTOutput(logits=None, lm=lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids,
-                                                              loss_mask, loss_chunk))
-        return RPTOutput(logits=self._logits(x)[:, :T])
-
     def new_cache(self, memory: Callable | None = None) -> GriffinCache:
         """A fresh cache for one batch of documents (start every document with a new cache). `memory` is ignored."""
         return GriffinCache(layers=[RecurrentState() if k == "R" else KVCache() for k in self.kinds])
-
-    @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, cache: GriffinCache, neighbor_ids: torch.Tensor | None = None,
-             use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-             retrieve_k: int | None = None) -> RPTOutput:
-        """Continue the documents in `cache` with input_ids [B, n] (any n >= 1) -> logits [B, n, V]."""
-        self._no_neighbours(neighbor_ids, use_supplied)
-        S = self.cfg.segment_len
-        logits = []
-        i, n = 0, input_ids.shape[1]
-        while i < n:  # pieces never cross a segment boundary (the attention layers' KVCache rolls there)
-            take = min(n - i, S - cache.pos % S)
-            piece = input_ids[:, i : i + take]
-            rot = self._rot(cache.pos, take, piece.device)
-            x = self.embed(piece)  # [B, take, D]
-            for layer, lc in zip(self.layers, cache.layers, strict=True):
-                x = layer(x, rot, cache=lc)
-            logits.append(self._logits(x))
-            cache.pos += take
-            i += take
-        return RPTOutput(logits=torch.cat(logits, 1))

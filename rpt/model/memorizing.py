@@ -63,11 +63,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.config import ModelConfig, RPTConfig
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, apply_rotary, init_weights, rotary_cos_sin, segment_window_mask
+from rpt.config import ModelConfig
+from rpt.model.decoder import SegmentDecoder
+from rpt.model.layers import KVCache, SelfAttention, apply_rotary, segment_window_mask
 from rpt.model.retriever import top_k
-from rpt.model.rpt import DecoderLayer, RPTOutput
-from rpt.train.losses import lm_loss_chunked
+from rpt.model.rpt import DecoderLayer
 from rpt.utils import MissingDependency, require
 
 TokenMemoryKind = Literal["auto", "torch", "faiss"]
@@ -388,59 +388,12 @@ class MemorizingCache:
         return sum(c.nbytes() for c in self.layers)
 
 
-def _no_neighbours(neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
-    if neighbor_ids is not None or use_supplied is not None:
-        raise ValueError("variant 'memorizing' reads no neighbours (no chunked cross-attention): neighbor_ids and "
-                         "use_supplied must be None")
+class MemorizingTransformer(SegmentDecoder):
+    """xl with one kNN-augmented layer (`cfg.memory_layer_index`); forward and step are `SegmentDecoder`'s."""
 
-
-class MemorizingTransformer(nn.Module):
-    def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
-        """seed: the initialisation seed (`init_weights`: paired with xl, every trunk tensor starts equal); None draws
-        it from torch's global generator."""
-        super().__init__()
-        cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
-        cfg.validate()
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu"))
-        self.cfg = cfg
-        D, mi = cfg.d_model, cfg.memory_layer_index
-        self.embed = nn.Embedding(cfg.vocab_size, D)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(
-            MemorizingLayer(cfg) if i == mi else DecoderLayer(cfg, with_cca=False) for i in range(cfg.n_layers)
-        )
-        self.norm = RMSNorm(D, cfg.norm_eps)
-        init_weights(self, cfg.init_std, cfg.n_layers, seed)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
-
-    def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
-                use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None) -> RPTOutput:
-        """input_ids [B, T] -> logits [B, T, V] (or, loss_chunk > 0, the LM loss in `out.lm` and no logits, as
-        `RPT.forward`). The retrieval arguments exist for the common contract: neighbour ids are refused,
-        n_neighbors / retrieve_k mean nothing here and are ignored."""
-        _no_neighbours(neighbor_ids, use_supplied)
-        B, T = input_ids.shape
-        S = self.cfg.segment_len
-        Tp = -(-T // S) * S  # right-pad to whole segments: the padding comes after every real token, so it is inert
-        ids = F.pad(input_ids, (0, Tp - T))
-        rot = self._rot(0, Tp, ids.device)
-        x = self.drop(self.embed(ids))  # [B, Tp, D]
-        for layer in self.layers:
-            x = layer(x, rot)
-        if loss_chunk > 0:
-            lm = lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids, loss_mask, loss_chunk)
-            return RPTOutput(logits=None, lm=lm)
-        return RPTOutput(logits=self._logits(x)[:, :T])
+    def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:
+        mi = cfg.memory_layer_index
+        return [MemorizingLayer(cfg) if i == mi else DecoderLayer(cfg, with_cca=False) for i in range(cfg.n_layers)]
 
     # ------------------------------------------------------------------------------------------------------------
     def new_cache(self, memory: TokenMemoryKind | TokenMemoryFactory | TokenMemory | type | None = None) -> MemorizingCache:
@@ -470,27 +423,6 @@ class MemorizingTransformer(nn.Module):
         mi = self.cfg.memory_layer_index
         layers = [KNNLayerCache(memory=mem) if i == mi else KVCache() for i in range(self.cfg.n_layers)]
         return MemorizingCache(layers=layers, memory_layer=mi)
-
-    @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, cache: MemorizingCache, neighbor_ids: torch.Tensor | None = None,
-             use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-             retrieve_k: int | None = None) -> RPTOutput:
-        """Continue the documents in `cache` with input_ids [B, n] (any n >= 1) -> logits [B, n, V]."""
-        _no_neighbours(neighbor_ids, use_supplied)
-        S = self.cfg.segment_len
-        outs: list[RPTOutput] = []
-        i, n = 0, input_ids.shape[1]
-        while i < n:  # pieces never cross a segment boundary (the window rolls, and the memory grows, at boundaries)
-            take = min(n - i, S - cache.pos % S)
-            ids = input_ids[:, i : i + take]
-            rot = self._rot(cache.pos, take, ids.device)
-            x = self.embed(ids)
-            for layer, lc in zip(self.layers, cache.layers, strict=True):
-                x = layer(x, rot, cache=lc)
-            outs.append(RPTOutput(logits=self._logits(x)))
-            cache.pos += take
-            i += take
-        return outs[0] if len(outs) == 1 else RPTOutput(logits=torch.cat([o.logits for o in outs], 1))  # type: ignore[misc]
 
 
 def _is_chunk_memory_factory(memory: object) -> bool:

@@ -25,7 +25,8 @@ from torch import nn
 from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, rotary_cos_sin
+from rpt.model.decoder import TiedLM, draw_seed
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
@@ -104,15 +105,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class RPT(nn.Module):
+class RPT(TiedLM, nn.Module):
     def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
         """seed: the initialisation seed (`init_weights`: every variant built with one seed shares its trunk's starting
         weights); None draws it from torch's global generator, so `torch.manual_seed(s)` before building does the same."""
         super().__init__()
         cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
         cfg.validate()
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu"))
+        seed = draw_seed(seed)
         self.cfg = cfg
         D, M = cfg.d_model, cfg.chunk_size
         self.embed = nn.Embedding(cfg.vocab_size, D)
@@ -171,15 +171,6 @@ class RPT(nn.Module):
     @property
     def upper(self) -> nn.ModuleList:
         return self.layers[self.cfg.n_lower :]
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
 
     def _neighbour_kv(self, chunk_states: torch.Tensor, query_states: torch.Tensor, ids: torch.Tensor,
                       chunk_idx: torch.Tensor, gate_cache: GateCache | None) -> tuple[NeighbourKV, torch.Tensor | None]:

@@ -1,0 +1,128 @@
+"""The frame every variant shares: token embedding -> decoder layers over sliding segment windows -> norm -> the tied
+output embedding, with the `rpt.model.registry` contract (forward over a whole sequence, step over a cache).
+
+`TiedLM` holds what RPT and the baselines compute alike (rotary angles at absolute positions, the tied output, the
+parameter count). `SegmentDecoder` is the whole model for the variants that read no neighbours (the baselines of
+Table 2): a subclass says which layers it stacks (`build_layers`), may draw parameters `init_weights` leaves alone
+(`init_extra`), and may replace how one piece of a document continues its cache (`_step_piece`).
+
+Dimension letters: B batch, T tokens, S segment length, D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rpt.config import ModelConfig, RPTConfig
+from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin
+from rpt.train.losses import lm_loss_chunked
+
+
+class TiedLM:
+    """Mixin for an nn.Module with `cfg`, `embed` and `norm`: rotary angles, the tied output, the parameter count."""
+
+    cfg: ModelConfig
+    embed: nn.Embedding
+    norm: RMSNorm
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
+
+    def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+
+
+def draw_seed(seed: int | None) -> int:
+    """The initialisation seed: as given, or drawn from torch's global generator (so `torch.manual_seed(s)` before
+    building a model does the same as passing a seed)."""
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64, device="cpu")) if seed is None else seed
+
+
+class SegmentDecoder(TiedLM, nn.Module):
+    """A decoder without chunked cross-attention, built by `build_layers`; see the module docstring."""
+
+    def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
+        """seed: the initialisation seed (`init_weights`: every tensor named as in xl starts from xl's value for the
+        same seed); None draws it from torch's global generator."""
+        super().__init__()
+        cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
+        cfg.validate()
+        seed = draw_seed(seed)
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(self.build_layers(cfg))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        self.init_extra(seed)
+
+    def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def init_extra(self, seed: int) -> None:
+        """Draw the parameters `init_weights` keeps as constructed (1-D ones), from keyed generators."""
+
+    def new_cache(self, memory: Any = None) -> Any:
+        raise NotImplementedError
+
+    def _no_neighbours(self, neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
+        if neighbor_ids is not None or use_supplied is not None:
+            raise ValueError(f"variant {self.cfg.variant!r} reads no neighbours (it has no chunked cross-attention): "
+                             "neighbor_ids and use_supplied must be None")
+
+    def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
+                use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
+                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None):
+        """input_ids [B, T], any T, from the documents' start -> logits [B, T, V]; loss_chunk > 0: the LM loss over
+        input_ids (real tokens marked by loss_mask [B, T]) in `out.lm`, `loss_chunk` targets at a time, and no logits
+        (as `RPT.forward`). The retrieval arguments exist for the common contract: neighbour ids are refused,
+        n_neighbors / retrieve_k ignored (evaluation passes n_neighbors to every variant)."""
+        from rpt.model.rpt import RPTOutput
+
+        self._no_neighbours(neighbor_ids, use_supplied)
+        T = input_ids.shape[1]
+        S = self.cfg.segment_len
+        Tp = -(-T // S) * S  # right-pad to whole segments: padding comes after every real token, so it is inert
+        ids = F.pad(input_ids, (0, Tp - T))
+        rot = self._rot(0, Tp, ids.device)
+        x = self.drop(self.embed(ids))  # [B, Tp, D]
+        for layer in self.layers:
+            x = layer(x, rot)
+        if loss_chunk > 0:
+            return RPTOutput(logits=None, lm=lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids,
+                                                             loss_mask, loss_chunk))
+        return RPTOutput(logits=self._logits(x)[:, :T])
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, cache: Any, neighbor_ids: torch.Tensor | None = None,
+             use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
+             retrieve_k: int | None = None):
+        """Continue the documents in `cache` with input_ids [B, n] (any n >= 1) -> logits [B, n, V]. Pieces never
+        cross a segment boundary (the windows roll there, and memories and states move on): n / S pieces."""
+        from rpt.model.rpt import RPTOutput
+
+        self._no_neighbours(neighbor_ids, use_supplied)
+        S = self.cfg.segment_len
+        logits = []
+        i, n = 0, input_ids.shape[1]
+        while i < n:
+            take = min(n - i, S - cache.pos % S)
+            logits.append(self._step_piece(input_ids[:, i : i + take], cache))
+            cache.pos += take
+            i += take
+        return RPTOutput(logits=logits[0] if len(logits) == 1 else torch.cat(logits, 1))
+
+    def _step_piece(self, input_ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One piece inside one segment: every layer continues its own cache entry (`cache.layers[i]`)."""
+        rot = self._rot(cache.pos, input_ids.shape[1], input_ids.device)
+        x = self.embed(input_ids)
+        for layer, lc in zip(self.layers, cache.layers, strict=True):
+            x = layer(x, rot, cache=lc)
+        return self._logits(x)
