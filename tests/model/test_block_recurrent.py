@@ -5,11 +5,11 @@ reach, gradients, the chunked loss, the 250m parameter budget, bf16 and dropout.
 import pytest
 import torch
 import torch.nn.functional as F
+from model_contract import assert_chunked_loss_equals_full_logits, step_in_pieces
 
 from rpt import RPT, RPTConfig
 from rpt.model.block_recurrent import BlockRecurrentCache, BlockRecurrentTransformer, RecurrentLayer
 from rpt.model.registry import build_model, model_class, spec
-from rpt.train.losses import lm_loss
 
 V, S, L = 101, 128, 4  # tiny preset: segment (= block) 128, 4 layers, the recurrent layer is layer 2
 GATES = ["fixed", "learned"]
@@ -31,18 +31,6 @@ def make(gate: str = "fixed", seed: int = 0, **kw) -> BlockRecurrentTransformer:
     return model
 
 
-def steps(model, x, sizes, cache=None):
-    """Feed x through `step` in pieces of the given sizes (the rest in one last piece); returns logits and cache."""
-    cache = cache if cache is not None else model.new_cache()
-    out, i = [], 0
-    for n in sizes:
-        if i >= x.shape[1]:
-            break
-        out.append(model.step(x[:, i : i + n], cache).logits)
-        i += n
-    if i < x.shape[1]:
-        out.append(model.step(x[:, i:], cache).logits)
-    return torch.cat(out, 1), cache
 
 
 # --- 1, 2: construction ------------------------------------------------------------------------------------------
@@ -125,7 +113,7 @@ def test_cached_step_equals_full_forward(gate, schedule):
     model = make(gate)
     x = torch.randint(0, V, (2, 5 * S + 37))
     full = model(x).logits
-    got, cache = steps(model, x, SCHEDULES[schedule])
+    got, cache = step_in_pieces(model, x, SCHEDULES[schedule])
     torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
     assert cache.pos == x.shape[1]
 
@@ -133,7 +121,7 @@ def test_cached_step_equals_full_forward(gate, schedule):
 def test_cached_step_token_by_token_equals_full_forward():
     model = make("learned")
     x = torch.randint(0, V, (1, 2 * S + 20))
-    got, _ = steps(model, x, [1] * x.shape[1])
+    got, _ = step_in_pieces(model, x, [1] * x.shape[1])
     torch.testing.assert_close(got, model(x).logits, atol=1e-4, rtol=1e-4)
 
 
@@ -142,9 +130,9 @@ def test_the_state_changes_only_when_a_block_is_complete():
     token updates it."""
     model = make()
     x = torch.randint(0, V, (2, 3 * S))
-    _, c0 = steps(model, x[:, :1], [])
+    _, c0 = step_in_pieces(model, x[:, :1], [])
     start = c0.state.clone()
-    _, c1 = steps(model, x[:, :S - 1], [50])
+    _, c1 = step_in_pieces(model, x[:, :S - 1], [50])
     assert torch.equal(c1.state, start) and c1.partial.shape == (2, S - 1, 64)
     model.step(x[:, S - 1 : S], c1)
     assert c1.partial is None and not torch.allclose(c1.state, start)
@@ -152,7 +140,7 @@ def test_the_state_changes_only_when_a_block_is_complete():
     model.step(x[:, S : 2 * S - 1], c1)
     assert torch.equal(c1.state, after_one)
     model.step(x[:, 2 * S - 1 : 2 * S + 3], c1)  # a piece across the boundary: updated at the boundary, not after
-    _, c2 = steps(model, x[:, : 2 * S], [S])
+    _, c2 = step_in_pieces(model, x[:, : 2 * S], [S])
     torch.testing.assert_close(c1.state, c2.state, atol=1e-6, rtol=0)
     assert c1.partial.shape == (2, 3, 64)
 
@@ -165,12 +153,12 @@ def test_a_new_cache_resets_the_state():
     a = torch.randint(0, V, (1, 3 * S + 17))
     b = torch.randint(0, V, (1, 2 * S + 40))
     alone = model(b).logits
-    steps(model, a, [100])
-    fresh, _ = steps(model, b, [100])
+    step_in_pieces(model, a, [100])
+    fresh, _ = step_in_pieces(model, b, [100])
     torch.testing.assert_close(fresh, alone, atol=1e-4, rtol=1e-4)
     model(a)  # a forward on another document leaves nothing behind either
     torch.testing.assert_close(model(b).logits, alone, atol=0, rtol=0)
-    _, cache_a = steps(model, a[:, : 3 * S], [S])
+    _, cache_a = step_in_pieces(model, a[:, : 3 * S], [S])
     continued = model.step(b, cache_a).logits
     assert not torch.allclose(continued, alone, atol=1e-3)
 
@@ -188,8 +176,8 @@ def test_the_state_carries_information_beyond_the_sliding_window():
     a, b = model(x).logits, model(y).logits
     assert (a[0, far] - b[0, far]).abs().max() > 1e-4  # the first token out of xl's reach
     assert (a[0, -S:] - b[0, -S:]).abs().amax(-1).min() > 1e-5  # every token of the last segment
-    ca, _ = steps(model, x, [S])  # the same through the cache
-    cb, _ = steps(model, y, [S])
+    ca, _ = step_in_pieces(model, x, [S])  # the same through the cache
+    cb, _ = step_in_pieces(model, y, [S])
     assert (ca[0, -1] - cb[0, -1]).abs().max() > 1e-4
 
 
@@ -205,21 +193,7 @@ def test_every_parameter_gets_a_gradient(gate):
 
 
 def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits():
-    model = make()
-    T = 3 * S + 20
-    x = torch.randint(0, V, (2, T))
-    mask = torch.ones_like(x, dtype=torch.bool)
-    mask[1, T - 70 :] = False  # a padded row
-    ref = lm_loss(model(x).logits, x, mask)
-    ref.total.backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    out = model(x, loss_chunk=8, loss_mask=mask)
-    assert out.logits is None and out.lm.count == ref.count
-    torch.testing.assert_close(out.lm.total, ref.total, rtol=1e-5, atol=1e-4)
-    out.lm.total.backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert_chunked_loss_equals_full_logits(make(), 3 * S + 20)
 
 
 # --- 9: parameter budget -----------------------------------------------------------------------------------------
@@ -272,7 +246,7 @@ def test_bf16_autocast_is_finite(gate):
     x = torch.randint(0, V, (1, 2 * S + 30))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
-        got, cache = steps(model, x, [S - 10, 40])
+        got, cache = step_in_pieces(model, x, [S - 10, 40])
     assert torch.isfinite(out.logits.float()).all() and torch.isfinite(got.float()).all()
     assert cache.state.dtype == torch.float32  # the state is carried in fp32
 
@@ -287,7 +261,7 @@ def test_train_mode_with_dropout():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     model.eval()
     torch.testing.assert_close(model(x).logits, model(x).logits, atol=0, rtol=0)
-    got, _ = steps(model, x, [S])
+    got, _ = step_in_pieces(model, x, [S])
     torch.testing.assert_close(got, model(x).logits, atol=1e-4, rtol=1e-4)
 
 

@@ -5,6 +5,7 @@ gradients, the chunked loss, the 250m size, cache sizes, bf16 autocast and dropo
 import pytest
 import torch
 import torch.nn.functional as F
+from model_contract import assert_chunked_loss_equals_full_logits
 
 from rpt import RPT, RPTConfig
 from rpt.model.griffin import (
@@ -18,7 +19,6 @@ from rpt.model.griffin import (
 )
 from rpt.model.layers import KVCache
 from rpt.model.registry import build_model
-from rpt.train.losses import lm_loss
 
 V, S = 101, 128  # tiny preset: segment 128, D 64, 4 layers (R R A R), 4 heads, R = 84
 
@@ -285,21 +285,7 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits():
-    model = make()
-    T = 2 * S + 50
-    x = torch.randint(0, V, (2, T))
-    mask = torch.ones_like(x, dtype=torch.bool)
-    mask[1, T - 70 :] = False  # a padded row
-    ref = lm_loss(model(x).logits, x, mask)
-    ref.total.backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    out = model(x, loss_chunk=8, loss_mask=mask)
-    assert out.logits is None and out.lm.count == ref.count
-    torch.testing.assert_close(out.lm.total, ref.total, rtol=1e-5, atol=1e-4)
-    out.lm.total.backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert_chunked_loss_equals_full_logits(make(), 2 * S + 50)
 
 
 def test_parameter_count_at_250m(capsys):

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from model_contract import assert_chunked_loss_equals_full_logits, step_in_pieces
 
 from rpt import RPT, RPTConfig
 from rpt.model.layers import apply_rotary, rotary_cos_sin
@@ -40,17 +41,6 @@ def make(seed: int = 0, gate: float | None = None, **kw) -> MemorizingTransforme
     return model
 
 
-def run_steps(model, x, pieces, cache=None):
-    cache = model.new_cache() if cache is None else cache
-    parts, i = [], 0
-    for n in pieces:
-        if i >= x.shape[1]:
-            break
-        parts.append(model.step(x[:, i : i + n], cache).logits)
-        i += n
-    if i < x.shape[1]:
-        parts.append(model.step(x[:, i:], cache).logits)
-    return torch.cat(parts, 1), cache
 
 
 # --- the contract -------------------------------------------------------------------------------------------------
@@ -117,7 +107,7 @@ def test_cached_step_equals_full_forward(kind, opts):
     model = make(**CACHE_CONFIGS[opts])
     x = torch.randint(0, V, (2, 6 * S + 37))
     full = model(x).logits
-    got, cache = run_steps(model, x, [1, 62, 1, 64, 128, 3, 200, 5, 100], model.new_cache(kind))
+    got, cache = step_in_pieces(model, x, [1, 62, 1, 64, 128, 3, 200, 5, 100], model.new_cache(kind))
     torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
     assert isinstance(cache.memory, FaissTokenMemory if kind == "faiss" else TorchTokenMemory)
     assert cache.memory.n_tokens == min(5 * S, model.cfg.memory_tokens)  # segments 0..4 left the window of segment 6
@@ -127,10 +117,10 @@ def test_cached_step_equals_full_in_segments_and_token_by_token():
     model = make(memory_tokens=150, memory_topk=4)
     x = torch.randint(0, V, (1, 5 * S + 9))
     full = model(x).logits
-    torch.testing.assert_close(run_steps(model, x, [S] * 6)[0], full, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(run_steps(model, x, [7] * 200)[0], full, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step_in_pieces(model, x, [S] * 6)[0], full, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step_in_pieces(model, x, [7] * 200)[0], full, atol=1e-4, rtol=1e-4)
     short = x[:, : 3 * S + 5]  # the memory is read from segment 2 on
-    torch.testing.assert_close(run_steps(model, short, [1] * short.shape[1])[0], full[:, : 3 * S + 5], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step_in_pieces(model, short, [1] * short.shape[1])[0], full[:, : 3 * S + 5], atol=1e-4, rtol=1e-4)
 
 
 def test_knn_layer_matches_a_naive_reference():
@@ -241,7 +231,7 @@ def test_faiss_and_torch_memories_give_the_same_top_k():
     # and on a document: the same logits through either memory (FIFO drops included)
     model = make(memory_tokens=200, memory_topk=8)
     x = torch.randint(0, V, (2, 5 * S + 9))
-    (a, _), (b, _) = (run_steps(model, x, [S - 1] * 7, model.new_cache(kind)) for kind in ("torch", "faiss"))
+    (a, _), (b, _) = (step_in_pieces(model, x, [S - 1] * 7, model.new_cache(kind)) for kind in ("torch", "faiss"))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
@@ -308,10 +298,10 @@ def test_memory_resets_at_document_boundaries():
     model = make(memory_tokens=300)
     g = torch.Generator().manual_seed(5)
     doc_a, doc_b = torch.randint(0, V, (1, 5 * S + 20), generator=g), torch.randint(0, V, (1, 4 * S + 50), generator=g)
-    alone, _ = run_steps(model, doc_b, [S] * 5)
+    alone, _ = step_in_pieces(model, doc_b, [S] * 5)
     for kind in ("torch", TorchTokenMemory):
-        _, cache_a = run_steps(model, doc_a, [S] * 6, model.new_cache(kind))
-        after, cache_b = run_steps(model, doc_b, [S] * 5, model.new_cache(kind))
+        _, cache_a = step_in_pieces(model, doc_a, [S] * 6, model.new_cache(kind))
+        after, cache_b = step_in_pieces(model, doc_b, [S] * 5, model.new_cache(kind))
         assert torch.equal(after, alone)
     for doc, cache, n_left in ((doc_a, cache_a, 4 * S), (doc_b, cache_b, 3 * S)):  # segments 0..s-2 left the window
         k, v = _window_kv(model, doc)
@@ -322,7 +312,7 @@ def test_memory_resets_at_document_boundaries():
         torch.testing.assert_close(mem._values, v[:, :, n_left - held : n_left], atol=1e-5, rtol=1e-5)
     # and a batch of two documents keeps them apart: row 1 of a batch == that document alone
     both = torch.cat([doc_a[:, : doc_b.shape[1]], doc_b])
-    torch.testing.assert_close(run_steps(model, both, [S] * 5)[0][1:], alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step_in_pieces(model, both, [S] * 5)[0][1:], alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("path", ["forward", "step"])
@@ -335,7 +325,7 @@ def test_memory_carries_information_beyond_the_window(path):
     late = slice(7 * S, 8 * S)
 
     def logits(model, ids):
-        return model(ids).logits if path == "forward" else run_steps(model, ids, [S] * 8)[0]
+        return model(ids).logits if path == "forward" else step_in_pieces(model, ids, [S] * 8)[0]
 
     big, tiny = make(gate=8.0), make(gate=8.0, memory_tokens=16)
     assert (logits(big, x)[:, late] - logits(big, y)[:, late]).abs().max() > 1e-3
@@ -376,23 +366,7 @@ def test_every_parameter_gets_a_gradient():
 
 
 def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits():
-    from rpt.train.losses import forward_lm, lm_loss
-
-    model = make()
-    T = 4 * S + 30
-    x = torch.randint(0, V, (2, T))
-    mask = torch.ones_like(x, dtype=torch.bool)
-    mask[1, T - 70 :] = False
-    ref = lm_loss(model(x).logits, x, mask)
-    ref.total.backward()
-    want = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    out, lm = forward_lm(model, x, {}, mask, loss_chunk=8)
-    assert out.logits is None and lm.count == ref.count
-    torch.testing.assert_close(lm.total, ref.total, rtol=1e-5, atol=1e-4)
-    lm.total.backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert_chunked_loss_equals_full_logits(make(), 4 * S + 30)
 
 
 def test_bf16_autocast_runs():
@@ -400,7 +374,7 @@ def test_bf16_autocast_runs():
     x = torch.randint(0, V, (1, 4 * S))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
-        cached, _ = run_steps(model, x, [S] * 4)
+        cached, _ = step_in_pieces(model, x, [S] * 4)
     assert torch.isfinite(out.logits.float()).all() and torch.isfinite(cached.float()).all()
 
 
