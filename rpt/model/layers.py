@@ -94,6 +94,20 @@ def segment_window_mask(n_segments: int, segment_len: int, device: torch.device)
     return torch.cat([prev, causal.expand(n_segments, -1, -1)], dim=-1)
 
 
+def attend_after_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Attention of n new tokens (q, k, v [B, H, n, E]) to the cached window and, causally, to each other -> [B, H, n, E]
+    (the cache is not changed: the caller appends k, v)."""
+    n = q.shape[2]
+    ck, cv = cache.context()
+    L = 0 if ck is None else ck.shape[2]
+    keys = k if ck is None else torch.cat([ck, k], dim=2)
+    values = v if cv is None else torch.cat([cv, v], dim=2)
+    i = torch.arange(n, device=q.device)
+    j = torch.arange(L + n, device=q.device)
+    mask = j[None, :] <= (i[:, None] + L)  # cached context fully visible, new tokens causal
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
 class SelfAttention(nn.Module):
     """Causal self-attention over a sliding window of segments (window 2S, stride S; §3.4).
 
@@ -135,14 +149,7 @@ class SelfAttention(nn.Module):
         """x [B, n, D]: new tokens inside one segment, continuing `cache` (updated in place)."""
         B, n, D = x.shape
         q, k, v = self._qkv(x, cos, sin)
-        ck, cv = cache.context()
-        L = 0 if ck is None else ck.shape[2]
-        keys = k if ck is None else torch.cat([ck, k], dim=2)
-        values = v if cv is None else torch.cat([cv, v], dim=2)
-        i = torch.arange(n, device=x.device)
-        j = torch.arange(L + n, device=x.device)
-        mask = j[None, :] <= (i[:, None] + L)  # cached context fully visible, new tokens causal
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = attend_after_cache(q, k, v, cache)
         cache.append(k, v, segment_len)
         return self.out(y.transpose(1, 2).reshape(B, n, D))
 

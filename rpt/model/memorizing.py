@@ -65,7 +65,7 @@ from torch import nn
 
 from rpt.config import ModelConfig
 from rpt.model.decoder import SegmentDecoder
-from rpt.model.layers import KVCache, SelfAttention, apply_rotary, segment_window_mask
+from rpt.model.layers import KVCache, SelfAttention, apply_rotary, attend_after_cache, segment_window_mask
 from rpt.model.retriever import top_k
 from rpt.model.rpt import DecoderLayer
 from rpt.utils import MissingDependency, require
@@ -335,13 +335,7 @@ class KNNAttention(SelfAttention):
         B, n, D = x.shape
         q0, k0, v = self._project(x)
         q, k = apply_rotary(q0, cos, sin), apply_rotary(k0, cos, sin)
-        ck, cv = cache.context()
-        L = 0 if ck is None else ck.shape[2]
-        keys = k if ck is None else torch.cat([ck, k], dim=2)
-        values = v if cv is None else torch.cat([cv, v], dim=2)
-        i = torch.arange(n, device=x.device)
-        j = torch.arange(L + n, device=x.device)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=j[None, :] <= (i[:, None] + L))  # [B, H, n, E]
+        y = attend_after_cache(q, k, v, cache)  # [B, H, n, E]
         memory = cache.memory
         assert memory is not None
         if memory.n_tokens:  # empty exactly in the document's first two segments, as in forward
