@@ -264,7 +264,7 @@ def format_scale_row(r: dict[str, Any]) -> str:
     from rpt.train.memory import gib
 
     loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
-    text = f"{r['variant']:<8} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
+    text = f"{r['variant']:<15} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
     if "error" in r:
         text += f"  FAILED: {r['error'].rsplit(': ', 1)[-1]}"
     if "peak_bytes" in r:
@@ -360,10 +360,10 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
 def format_training(r: dict[str, Any]) -> str:
     lines = [f"training step, preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, median of "
              f"{r['steps_timed']} updates",
-             f"{'variant':<10}{'params':>10}{'s/update':>10}{'vs xl':>8}{'tokens/s':>10}{'peak RSS MB':>13}"]
+             f"{'variant':<16}{'params':>10}{'s/update':>10}{'vs xl':>8}{'tokens/s':>10}{'peak RSS MB':>13}"]
     for v, x in r["variants"].items():
         extra = f"{x['mfu'] * 100:6.1f}% MFU" if "mfu" in x else ""
-        lines.append(f"{v:<10}{x['parameters'] / 1e6:9.2f}M{x['seconds_per_update']:10.3f}{x['time_vs_xl']:7.2f}x"
+        lines.append(f"{v:<16}{x['parameters'] / 1e6:9.2f}M{x['seconds_per_update']:10.3f}{x['time_vs_xl']:7.2f}x"
                      f"{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:13.0f} {extra}")
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 import json
 
 from rpt.cli import main
+from rpt.config import VARIANTS
 
 
 def test_demo_and_bench_end_to_end(tmp_path, capsys):
@@ -39,7 +40,7 @@ def test_demo_and_bench_end_to_end(tmp_path, capsys):
                  "--skip-labels", "--out", str(bench)])
     assert code == 0
     b = json.loads(bench.read_text())
-    assert set(b["training"]["variants"]) == {"xl", "retro", "rpt-lex", "rpt-sem"}
+    assert set(b["training"]["variants"]) == set(VARIANTS)  # the baselines beside RPT's four
     assert b["training"]["variants"]["xl"]["time_vs_xl"] == 1.0
     sizes = [r["memory_bytes"] for r in b["eval_scaling"]["rows"]]
     assert 1.8 < sizes[1] / sizes[0] < 2.2  # the document memory grows linearly with the document
