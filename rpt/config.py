@@ -128,7 +128,7 @@ class ModelConfig:
         if self.segment_len % self.chunk_size:
             raise ConfigError(f"model.segment_len={self.segment_len} is not a multiple of model.chunk_size={self.chunk_size}")
         bad = [i for i in self.cca_layers if not self.n_lower <= i < self.n_layers]
-        if bad:
+        if bad and self.uses_retrieval:  # the other variants have no CCA: cca_layers is not read
             raise ConfigError(f"model.cca_layers {bad} are not upper-decoder layers [{self.n_lower}, {self.n_layers})")
         if self.n_neighbors < 1:
             raise ConfigError("model.n_neighbors must be >= 1")

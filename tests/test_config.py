@@ -44,3 +44,14 @@ def test_yaml_unknown_preset_and_missing_file_are_named(tmp_path):
         RPTConfig.from_yaml("preset: huge\nmodel:\n  d_model: 8\n")
     with pytest.raises(ConfigError, match="nope.yaml not found"):
         RPTConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_variants_without_cca_do_not_check_cca_layers():
+    """The paper's Griffin row (xl + 5 recurrent layers) and xl + 2 layers build from flags: cca_layers is read only
+    by the variants with chunked cross-attention."""
+    from rpt.config import ConfigError, RPTConfig
+
+    cfg = RPTConfig.from_preset("250m", variant="griffin", n_layers=17, griffin_pattern="A" * 12 + "R" * 5)
+    assert cfg.model.n_layers == 17
+    with pytest.raises(ConfigError, match="cca_layers"):
+        RPTConfig.from_preset("250m", variant="rpt-sem", n_layers=17)
