@@ -9,6 +9,8 @@ number of neighbours at inference; its results over several seeds and several ne
     vs xl       ppl / xl's ppl, per seed (paired: xl's result with the same seed, data and step), mean ± sd
     gain        retrieval gain: ppl with no neighbours / ppl with the own source, per seed (same checkpoint)
     oracle      ppl with the oracle's neighbours, and its gain over no neighbours
+    BM25        for a model with its own retriever: ppl with BM25's neighbours instead, and that gain (is the reader or
+                the retriever the weak part?)
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
 
 An ordering between two rows is supported only where the gap of the means exceeds the spread; the table prints the
@@ -238,6 +240,9 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
         if "dpr" in s.ppl:
             row["dpr"] = _stats(list(s.ppl["dpr"].values()))
+        if src == "model" and "bm25" in s.ppl:  # an own retriever's model read with BM25's neighbours instead
+            row["bm25"] = _stats(list(s.ppl["bm25"].values()))
+            row["bm25_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["bm25"]))
         for who in ("model", "bm25", "dpr"):
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
@@ -273,7 +278,9 @@ def to_markdown(table: dict[str, Any]) -> str:
     """Two Markdown tables: perplexity and gains (Table 2 / 4 layout), then retrieval metrics (Table 3 layout)."""
     paper = table["domain"] is not None
     dpr = any("dpr" in r for r in table["rows"])
+    bm25 = any("bm25" in r for r in table["rows"])
     head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
+    head += ["ppl, BM25 neighbours", "BM25 gain"] if bm25 else []
     head += ["ppl, DPR neighbours"] if dpr else []
     if paper:
         head += [f"paper ({table['domain']})", "paper oracle"] + (["paper DPR"] if dpr else [])
@@ -282,6 +289,7 @@ def to_markdown(table: dict[str, Any]) -> str:
         n = len(r["seeds"])
         cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n), _fmt(r.get("none"), n_row=n),
                  _fmt(r.get("gain"), 3, n_row=n), _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
+        cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n)] if bm25 else []
         cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
         if paper:
             p = r.get("paper") or {}

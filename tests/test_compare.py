@@ -102,3 +102,12 @@ def test_step_filter_defaults_for_old_results_and_unpaired_ratios():
     assert "| retro | 2 | 85.0 ± 7.1 | 0.900 (n=1) |" in to_markdown(table)
     with pytest.raises(UserError, match=r"--step 300: no result .*steps found: \[200, 400\]"):
         compare(rs, step=300)
+
+
+def test_an_own_retriever_model_read_with_bm25_neighbours_gets_its_own_columns():
+    rs = [result("rpt-sem", 0, "model", 90.0), result("rpt-sem", 0, "none", 99.0), result("rpt-sem", 0, "bm25", 88.0),
+          result("retro", 0, "bm25", 80.0), result("retro", 0, "none", 88.0)]
+    rows = {r["label"]: r for r in compare(rs)["rows"]}
+    assert rows["rpt-sem"]["bm25_gain"][0] == pytest.approx(1.125) and "bm25" not in rows["retro"]
+    text = to_markdown(compare(rs))
+    assert "BM25 gain" in text and "| rpt-sem | 1 | 90.0 |" in text and "| 88.0 | 1.125 |" in text
