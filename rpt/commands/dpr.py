@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2000, help="updates (default 2000)")
     p.add_argument("--batch-size", type=int, default=64, help="queries per update; in-batch negatives (default 64)")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="pair shuffling, held-out split and initialisation (default 0)")
     p.add_argument("--shared", action="store_true", help="one encoder for queries and passages (default: two, as DPR)")
     p.add_argument("--d-model", type=int, help="encoder width (default 256)")
     p.add_argument("--layers", type=int, help="encoder layers (default 4)")

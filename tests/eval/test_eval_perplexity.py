@@ -139,13 +139,18 @@ def test_none_source_gives_empty_neighbours_and_differs_from_model(tmp_path):
 
 
 def test_sources_per_variant():
-    assert [default_source(v) for v in ("xl", "retro", "rpt-lex", "rpt-sem")] == ["none", "bm25", "model", "model"]
+    variants = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
+    assert [default_source(v) for v in variants] == ["none", "bm25", "model", "model", "none", "none", "none"]
     with pytest.raises(UserError, match="xl has no chunked cross-attention"):
         check_source("xl", "bm25")
+    for v in ("memorizing", "block-recurrent", "griffin"):  # the baselines read no neighbours
+        with pytest.raises(UserError, match=f"{v} has no chunked cross-attention"):
+            check_source(v, "dpr")
     with pytest.raises(UserError, match="retro has no retriever"):
         check_source("retro", "model")
+    check_source("rpt-sem", "dpr")  # a DPR-style retriever's neighbours (--retriever) for any variant with CCA
     with pytest.raises(UserError, match="must be one of"):
-        check_source("rpt-sem", "dpr")
+        check_source("rpt-sem", "colbert")
 
 
 def test_shards_cover_every_document_once():
