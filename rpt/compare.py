@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpt.config import VARIANTS, RPTConfig
 from rpt.utils import UserError
 
 DOMAINS = ("arxiv", "code", "pg19", "books3")
@@ -108,7 +109,6 @@ def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
 
 @dataclass
 class Setting:
-    key: tuple
     variant: str
     config: dict[str, Any]  # flat, without the seed and the run folder
     step: int | None
@@ -120,8 +120,6 @@ class Setting:
 
 def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     settings: dict[tuple, Setting] = {}
-    from rpt.config import RPTConfig
-
     defaults = _flat(RPTConfig().to_dict())  # a result written before a field existed ran with its default
     for r in results:
         flat = {k: v for k, v in {**defaults, **_flat(r["config"])}.items()
@@ -131,7 +129,7 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
         key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
         s = settings.get(key)
         if s is None:
-            s = settings[key] = Setting(key, flat["model.variant"], flat, r.get("step"), k)
+            s = settings[key] = Setting(flat["model.variant"], flat, r.get("step"), k)
         seed = int(r["config"]["train"]["seed"])
         source = r["eval"]["source"]
         if seed in s.ppl[source] and not math.isclose(s.ppl[source][seed], r["total"]["perplexity"], rel_tol=1e-9):
@@ -143,10 +141,7 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
                 s.metrics[who][seed] = tuple(m[n] for n in METRICS)
     out = list(settings.values())
     _label(out)
-    return sorted(out, key=lambda s: (_ORDER.get(s.variant, 99), s.label, s.step or 0))
-
-
-_ORDER = {v: i for i, v in enumerate(("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"))}
+    return sorted(out, key=lambda s: (VARIANTS.index(s.variant), s.label, s.step or 0))
 
 
 def _label(settings: list[Setting]) -> None:
@@ -164,12 +159,6 @@ def _label(settings: list[Setting]) -> None:
             if len({g.k for g in group}) > 1:
                 extra.append(f"K={s.k}")
             s.label = s.variant + (f" ({', '.join(extra)})" if extra else "")
-
-
-def own_source(variant: str) -> str:
-    from rpt.eval.perplexity import default_source
-
-    return default_source(variant)
 
 
 def paper_row(s: Setting, source: str | None = None) -> str | None:
@@ -215,6 +204,8 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             raise UserError(f"--step {step}: no result is of a checkpoint at that step "
                             f"(steps found: {sorted({r.get('step') for r in results}, key=str)})")
         results = kept
+    from rpt.eval.perplexity import default_source
+
     settings = group_settings(results)
     data_keys = ("data.store", "data.seq_len", "data.tokenizer")
 
@@ -225,7 +216,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
 
     rows = []
     for s in settings:
-        src = own_source(s.variant)
+        src = default_source(s.variant)
         own = s.ppl.get(src, {})
         row: dict[str, Any] = {"label": s.label, "variant": s.variant, "step": s.step, "k": s.k, "source": src,
                                "seeds": sorted(own), "ppl": _stats(list(own.values()))}
@@ -299,18 +290,21 @@ def to_markdown(table: dict[str, Any]) -> str:
     if with_metrics:
         lines += ["", "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
                   "|---|---|---|---|---|" + ("---|" if paper else "")]
-        bm25_seen: list[Any] = []  # BM25 (and a DPR) rank the same chunks for every model of one split: show them once
+        # BM25 (and a DPR) rank the same chunks for every model of one split: each distinct ranking is shown once
+        shown: dict[str, list[list[float]]] = {"bm25": [], "dpr": []}
         for r in with_metrics:
             for who in ("model", "bm25", "dpr"):
                 m = r.get(f"metrics_{who}")
-                means = [who, *(round(x[0], 6) for x in m)] if m is not None else None
-                if m is None or (who != "model" and means in bm25_seen):
+                if m is None:
                     continue
+                name = r["label"]
                 if who != "model":
-                    bm25_seen.append(means)
-                fixed = {"bm25": "BM25", "dpr": "DPR-style"}.get(who)
-                same = sum(x[0] == who for x in bm25_seen)
-                name = r["label"] if who == "model" else (fixed if same == 1 else f"{fixed} (with {r['label']})")
+                    means = [round(x[0], 6) for x in m]
+                    if means in shown[who]:
+                        continue
+                    shown[who].append(means)
+                    fixed = {"bm25": "BM25", "dpr": "DPR-style"}[who]
+                    name = fixed if len(shown[who]) == 1 else f"{fixed} (with {r['label']})"
                 cells = [name, str(m[0][2]), *(_fmt(x, pct=True) for x in m)]
                 if paper:
                     ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))

@@ -250,7 +250,7 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
         if source == "bm25" or with_metrics:
             bm25_ids = bm25_neighbors(tokens, M, S, max(K, METRIC_DEPTH if with_metrics else K), bm25_statistics)
         dpr_ids = None
-        if retriever is not None:
+        if source == "dpr" or (with_metrics and retriever is not None):
             from rpt.retrievers.dpr import dpr_neighbors
 
             dpr_ids = dpr_neighbors(retriever, tokens, M, S, max(K, METRIC_DEPTH if with_metrics else K))
@@ -445,8 +445,6 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
             dpr = load_retriever(retriever, dev)
             dpr.check_store(tokens_store)
             dpr.check_chunks(mcfg.chunk_size, 0)
-        elif source == "dpr":
-            raise UserError("--source dpr needs --retriever FOLDER (trained by `rpt dpr`) or hf:NAME")
         if precision not in ("fp32", "bf16"):
             raise UserError(f"--precision must be fp32 or bf16, not {precision!r}")
         if precision == "bf16" and dev.type != "cuda":

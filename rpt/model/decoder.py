@@ -23,10 +23,12 @@ from rpt.train.losses import lm_loss_chunked
 
 
 class TiedLM:
-    """Mixin for an nn.Module with `cfg`, `embed` and `norm`: rotary angles, the tied output, the parameter count."""
+    """Mixin for an nn.Module with `cfg`, `embed`, `drop` and `norm`: the padded input embedding, rotary angles, the
+    tied output (logits or the chunked LM loss), the parameter count."""
 
     cfg: ModelConfig
     embed: nn.Embedding
+    drop: nn.Dropout
     norm: RMSNorm
 
     def num_parameters(self) -> int:
@@ -37,6 +39,22 @@ class TiedLM:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+
+    def _embed_segments(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """input_ids [B, T] -> (embeddings [B, Tp, D], rotary angles of positions 0..Tp-1), right-padded to whole
+        segments (Tp = T rounded up to S): the padding comes after every real token, so it is inert."""
+        T, S = input_ids.shape[1], self.cfg.segment_len
+        ids = F.pad(input_ids, (0, -(-T // S) * S - T))
+        return self.drop(self.embed(ids)), self._rot(0, ids.shape[1], ids.device)
+
+    def _lm_head(self, x: torch.Tensor, input_ids: torch.Tensor, loss_chunk: int,
+                 loss_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
+        """(logits [B, T, V], None) of the final states x [B, Tp, D]; with loss_chunk > 0 (None, the LM loss over
+        input_ids computed `loss_chunk` targets at a time): the [B, T, V] logits are never materialised."""
+        T = input_ids.shape[1]
+        if loss_chunk > 0:
+            return None, lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids, loss_mask, loss_chunk)
+        return self._logits(x)[:, :T], None
 
 
 def draw_seed(seed: int | None) -> int:
@@ -87,18 +105,11 @@ class SegmentDecoder(TiedLM, nn.Module):
         from rpt.model.rpt import RPTOutput
 
         self._no_neighbours(neighbor_ids, use_supplied)
-        T = input_ids.shape[1]
-        S = self.cfg.segment_len
-        Tp = -(-T // S) * S  # right-pad to whole segments: padding comes after every real token, so it is inert
-        ids = F.pad(input_ids, (0, Tp - T))
-        rot = self._rot(0, Tp, ids.device)
-        x = self.drop(self.embed(ids))  # [B, Tp, D]
+        x, rot = self._embed_segments(input_ids)  # [B, Tp, D]
         for layer in self.layers:
             x = layer(x, rot)
-        if loss_chunk > 0:
-            return RPTOutput(logits=None, lm=lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids,
-                                                             loss_mask, loss_chunk))
-        return RPTOutput(logits=self._logits(x)[:, :T])
+        logits, lm = self._lm_head(x, input_ids, loss_chunk, loss_mask)
+        return RPTOutput(logits=logits, lm=lm)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, cache: Any, neighbor_ids: torch.Tensor | None = None,

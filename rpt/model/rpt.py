@@ -30,7 +30,7 @@ from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weigh
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
-from rpt.train.losses import Sum, lm_loss_chunked
+from rpt.train.losses import Sum
 
 
 @dataclass
@@ -220,10 +220,8 @@ class RPT(TiedLM, nn.Module):
         B, T = input_ids.shape
         S, M = cfg.segment_len, cfg.chunk_size
         K = n_neighbors or cfg.n_neighbors
-        Tp = -(-T // S) * S  # right-pad to whole segments: padding comes after every real token, so it is inert
-        ids = F.pad(input_ids, (0, Tp - T))
-        rot = self._rot(0, Tp, ids.device)
-        x = self.drop(self.embed(ids))  # [B, Tp, D]
+        x, rot = self._embed_segments(input_ids)  # [B, Tp, D], padded to whole segments
+        Tp = x.shape[1]
         for layer in self.lower:
             x = layer(x, rot)
         out = RPTOutput(logits=x)
@@ -242,23 +240,19 @@ class RPT(TiedLM, nn.Module):
             if neighbor_ids is not None:
                 supplied = F.pad(neighbor_ids[..., :K], (0, max(0, K - neighbor_ids.shape[-1]), 0, C - neighbor_ids.shape[1]),
                                  value=-1)
-                allowed = retrievable_mask(C, M, S, ids.device)  # [C, C]
-                ok = allowed[torch.arange(C, device=ids.device)[:, None], supplied.clamp(min=0)] & (supplied >= 0)
+                allowed = retrievable_mask(C, M, S, x.device)  # [C, C]
+                ok = allowed[torch.arange(C, device=x.device)[:, None], supplied.clamp(min=0)] & (supplied >= 0)
                 supplied = supplied.masked_fill(~ok, -1)
                 if use_supplied is not None:
                     use_supplied = F.pad(use_supplied, (0, C - use_supplied.shape[1]), value=False)
             chosen = self._choose(own, supplied, use_supplied)  # [B, C, K]
-            row, out.gates = self._neighbour_kv(chunk_states, lower_states, chosen, torch.arange(C, device=ids.device), None)
+            row, out.gates = self._neighbour_kv(chunk_states, lower_states, chosen, torch.arange(C, device=x.device), None)
             # block r uses chunk r-1's neighbours: prepend an empty row for block 0 (tokens 0..M-2 see only the null)
             nkv = row.shifted()
             out.neighbor_ids = chosen[:, : T // M]
         for layer in self.upper:
             x = layer(x, rot, nkv, 0)
-        if loss_chunk > 0:
-            out.logits = None
-            out.lm = lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids, loss_mask, loss_chunk)
-        else:
-            out.logits = self._logits(x)[:, :T]
+        out.logits, out.lm = self._lm_head(x, input_ids, loss_chunk, loss_mask)
         return out
 
     # ------------------------------------------------------------------------------------------------------------

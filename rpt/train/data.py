@@ -27,6 +27,7 @@ from rpt.chunks import last_retrievable
 from rpt.config import RPTConfig
 from rpt.data.store import TokenStore
 from rpt.labels.store import LabelError, LabelStore
+from rpt.model.registry import spec
 
 PAD_ID = 0
 
@@ -56,7 +57,7 @@ def check_labels(labels: LabelStore, store: TokenStore, cfg: RPTConfig) -> None:
     needs scorer labels), or other documents. rpt-lex and retro use the BM25 columns of either kind."""
     try:
         labels.check_compatible(store, cfg.model.segment_len, cfg.data.seq_len,
-                                kind="sem" if cfg.model.variant == "rpt-sem" else None)
+                                kind="sem" if spec(cfg.model.variant).labels == "sem" else None)
     except LabelError as e:
         raise LabelMismatch(f"{e}; build training labels with `rpt label` for this store and config") from e
     lo, hi = (int(x) for x in labels.manifest["doc_range"])

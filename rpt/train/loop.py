@@ -32,6 +32,7 @@ from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.data.store import StoreError
+from rpt.model.registry import spec
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
 from rpt.train.losses import (
@@ -96,7 +97,7 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
     if variant == "retro":
         rel, present = relevance_from_candidates(cands, batch.bm25, C)
         return StepInputs(batch, {"neighbor_ids": gold_neighbors(rel, present, K)})
-    if variant == "rpt-sem":
+    if spec(variant).labels == "sem":  # rpt-sem: relevance is the scorer's target score
         rel, pos = relevance_from_candidates(cands, batch.target, C, positive=batch.target > 0)  # NaN > 0 is False
     else:
         rel, pos = relevance_from_candidates(cands, batch.bm25, C)
