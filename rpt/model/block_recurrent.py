@@ -271,6 +271,18 @@ class BlockRecurrentTransformer(SegmentDecoder):
         self.recurrent_index = r = cfg.recurrent_layer_index
         return [RecurrentLayer(cfg) if i == r else DecoderLayer(cfg, with_cca=False) for i in range(cfg.n_layers)]
 
+    @classmethod
+    def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """xl's layers plus the recurrent layer's: per token, its queries to the state, their output and projection,
+        the block keys/values it hands the cell (5 D) and, on the math path, two [H, N] score rows; per state vector
+        and block, the cell's norms, projections, attention outputs, gates and MLP (about 12 D + 4 F) and, on the
+        math path, two score rows over the N states and the S block tokens."""
+        D, F, H, S, N = cfg.d_model, cfg.mlp_hidden, cfg.n_heads, cfg.segment_len, cfg.recurrent_state
+        per_token = 5 * D + (2 * H * N if math_attention else 0)
+        per_state = 12 * D + 4 * F + (2 * H * (N + S) if math_attention else 0)
+        return (super().layer_activation_elements(cfg, T, math_attention) + T * per_token
+                + max(0, -(-T // S) - 1) * N * per_state)
+
     def init_extra(self, seed: int) -> None:
         self.recurrent.cell.init_state_ids(seed, f"layers.{self.recurrent_index}.cell.state_ids")
 

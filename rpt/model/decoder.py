@@ -34,6 +34,20 @@ class TiedLM:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
 
+    @staticmethod
+    def attention_layer_elements(cfg: ModelConfig, math_attention: bool) -> int:
+        """Elements one token keeps for the backward pass in one pre-norm SwiGLU layer with sliding-window attention:
+        about 8 D (norms, q/k/v, the attention output, residuals) + 4 F (the MLP), plus on the math attention path
+        (the CPU's) two [H, 2S] score rows (scores and probabilities over the 2S-token window)."""
+        return 8 * cfg.d_model + 4 * cfg.mlp_hidden + (2 * cfg.n_heads * 2 * cfg.segment_len if math_attention else 0)
+
+    @classmethod
+    def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """Activation elements one sequence of T tokens keeps for the backward pass in the decoder layers (the
+        pre-flight memory estimate, rpt.train.memory). xl's layers; a variant with other layers says what they keep
+        (the retrieval path of retro / rpt is counted apart, by the estimate)."""
+        return T * cfg.n_layers * cls.attention_layer_elements(cfg, math_attention)
+
     def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
 

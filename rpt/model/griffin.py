@@ -340,6 +340,17 @@ class Griffin(SegmentDecoder):
         self.kinds = [pattern[i % len(pattern)] for i in range(cfg.n_layers)]
         return [GriffinLayer(cfg, k) for k in self.kinds]
 
+    @classmethod
+    def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """A layers as xl's; an R layer keeps, per token, its norms and residuals (4 D), the MLP's 4 F, and about 18 R
+        in the recurrent block (the two branches, the conv, both gates before and after their sigmoids, log a,
+        sqrt(1 - a^2), the scan's inputs and states, the gated product) and no attention scores."""
+        pattern = cfg.griffin_pattern
+        n_rec = sum(pattern[i % len(pattern)] == "R" for i in range(cfg.n_layers))
+        attention = (cfg.n_layers - n_rec) * cls.attention_layer_elements(cfg, math_attention)
+        recurrent = n_rec * (4 * cfg.d_model + 4 * cfg.mlp_hidden + 18 * rnn_width(cfg))
+        return T * (attention + recurrent)
+
     def init_extra(self, seed: int) -> None:
         self._init_lambda(seed)
 

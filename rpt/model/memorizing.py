@@ -389,6 +389,16 @@ class MemorizingTransformer(SegmentDecoder):
         mi = cfg.memory_layer_index
         return [MemorizingLayer(cfg) if i == mi else DecoderLayer(cfg, with_cca=False) for i in range(cfg.n_layers)]
 
+    @classmethod
+    def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """xl's layers plus, in the kNN layer, per token of segments 2.. (those that read the memory): the k retrieved
+        values (k D over the heads), the k scores, probabilities and indices per head, the memory output and the mix
+        (3 D); and the detached fp32 keys searched (D per token)."""
+        S, k = cfg.segment_len, cfg.memory_topk
+        reading = max(0, T - 2 * S)
+        extra = reading * (k * cfg.d_model + 3 * cfg.n_heads * k + 3 * cfg.d_model) + T * cfg.d_model
+        return super().layer_activation_elements(cfg, T, math_attention) + extra
+
     # ------------------------------------------------------------------------------------------------------------
     def new_cache(self, memory: TokenMemoryKind | TokenMemoryFactory | TokenMemory | type | None = None) -> MemorizingCache:
         """A fresh cache, with an empty token memory, for one batch of documents (start every document with a new one).

@@ -12,7 +12,9 @@ its backward pass, in bytes:
   casts them;
 - **layers**: per token and layer, the tensors autograd saves in a SwiGLU block (about 8 D for norms, q/k/v, the
   attention output and residuals, 4 F for the MLP), plus on the CPU's math attention path two [H, 2S] score matrices
-  per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none;
+  per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none. Each
+  model class counts its own layers (`layer_activation_elements`): the baselines add the kNN layer's retrieved
+  keys and values (memorizing), the state cell (block-recurrent), and count Griffin's recurrent blocks as such;
 - **retrieval** (retrieving variants): per token its 2K neighbour tokens (K neighbours of 2M tokens per M-token
   chunk) with their query-augmentation block (about 8 D and two [H, M] score rows each), per CCA layer their keys and
   values and two [H, K * 2M] score matrices, the chunk encoder's and retriever's states, and the [B, C, C] retrieval
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from rpt.config import RPTConfig
+from rpt.model.registry import build_model, model_class
 from rpt.utils import UserError
 
 RUNTIME_BYTES = 350 * 2**20  # the torch runtime, the Python process and allocator slack (benchmarks/memory_estimate.py)
@@ -64,8 +67,6 @@ def gib(n: float) -> str:
 
 def count_parameters(cfg: RPTConfig) -> int:
     """Parameters of the model `cfg` builds, counted on the meta device (no memory, no time)."""
-    from rpt.model.registry import build_model
-
     with torch.device("meta"):
         return build_model(cfg.model).num_parameters()
 
@@ -85,8 +86,7 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
         logits = int(blocks * 4 * min(t.loss_chunk, B * cfg.data.seq_len) * m.vocab_size) + 4 * m.vocab_size * m.d_model
     else:
         logits = 3 * 4 * B * T * m.vocab_size
-    per_layer = 8 * m.d_model + 4 * m.mlp_hidden + (2 * m.n_heads * 2 * m.segment_len if math_attention else 0)
-    layers = act * B * T * m.n_layers * per_layer
+    layers = act * B * model_class(m.variant).layer_activation_elements(m, T, math_attention)
     retrieval = 0
     if m.uses_retrieval:
         K, M = m.n_neighbors, m.chunk_size

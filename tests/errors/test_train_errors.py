@@ -190,3 +190,25 @@ def test_the_estimate_counts_the_model_and_grows_with_the_step():
     assert check_fits(cfg, "cpu", available=10 * doubled.total).total == estimate_step_memory(cfg).total
     with pytest.raises(UserError, match=r"train.batch_size=\d+.*is available"):
         check_fits(cfg, "cpu", available=doubled.total // 4)
+
+
+def test_each_baseline_counts_its_own_layers_in_the_estimate():
+    from rpt.config import RPTConfig
+    from rpt.train.memory import estimate_step_memory
+
+    def layers(variant, **model):
+        cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=512)
+        cfg.data.seq_len = 2048
+        for k, v in model.items():
+            setattr(cfg.model, k, v)
+        return estimate_step_memory(cfg).layers
+
+    xl = layers("xl")
+    # the kNN layer keeps k retrieved values per query token: more k, more memory; the first two segments read none
+    assert xl < layers("memorizing", memory_topk=8) < layers("memorizing") < layers("memorizing", memory_topk=64)
+    # the state cell grows with the number of state vectors
+    assert xl < layers("block-recurrent", recurrent_state=32) < layers("block-recurrent", recurrent_state=128)
+    # an all-attention Griffin is xl's layer count; recurrent blocks keep no [H, 2S] scores but 18 R elements a token
+    assert layers("griffin", griffin_pattern="A") == xl
+    assert layers("griffin", griffin_pattern="R") != xl and layers("griffin") != xl
+    assert estimate_step_memory(RPTConfig.from_preset("tiny", variant="griffin")).retrieval == 0
