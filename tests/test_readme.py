@@ -24,6 +24,7 @@ SMALL = {  # verb -> flags appended to make it quick
     "generate": ["--max-new-tokens", "8"],
     "explore": [],
     "compare": [],
+    "sweep": ["--steps", "2"],  # after its `--`: a train argument (the last --steps wins)
     "dpr": ["--steps", "2", "--batch-size", "4", "--max-documents", "2", "--heldout", "2", "--no-progress"],
 }
 ELSEWHERE = {"demo", "copytest", "bench"}

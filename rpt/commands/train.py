@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-HELP = "train an RPT model (variants xl, retro, rpt-lex, rpt-sem) on a token store; resumes an interrupted run"
+HELP = ("train a model (xl, retro, rpt-lex, rpt-sem or a baseline: memorizing, block-recurrent, griffin) on a token "
+        "store; resumes an interrupted run")
 ORDER = 30
 
 # command-line flag -> dotted config key (applied on top of the preset / config file, before --set)

@@ -1,0 +1,55 @@
+"""`rpt sweep`: train every variant for every seed on one store, evaluate each with its neighbour sources, tabulate
+(rpt/sweep.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = ("train variants x paired seeds on one store, evaluate each with its own, no, BM25 and oracle neighbours, and "
+        "print the comparison table; resumable")
+ORDER = 44
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.compare import DOMAINS
+    from rpt.config import VARIANTS
+
+    p.add_argument("--out", type=Path, required=True,
+                   help="sweep folder: one run per variant and seed (V-seedS), eval/, compare.md, commands.txt")
+    p.add_argument("--variants", required=True, help=f"comma-separated, from {', '.join(VARIANTS)}")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated paired seeds (default 0,1,2)")
+    p.add_argument("--labels-lex", type=Path, help="lex label store of the train split (span = data.seq_len): retro, "
+                   "rpt-lex (default: <store>/labels/train-lex-<seq_len>, else the sem one)")
+    p.add_argument("--labels-sem", type=Path, help="sem label store of the train split: rpt-sem (and retro / rpt-lex "
+                   "without lex labels; default <store>/labels/train-sem-<seq_len>)")
+    p.add_argument("--test-labels", type=Path, help="sem labels of the test split, span doc: the oracle and retrieval "
+                   "metrics (default <store>/labels/test-sem-doc when it exists; without: neither)")
+    p.add_argument("--max-documents", type=int, default=0, help="test documents evaluated (default 0: all)")
+    p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto", help="evaluation memory (default auto)")
+    p.add_argument("--paper", choices=DOMAINS, help="the paper's figures for this dataset beside the rows")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads for every run (default: torch's choice)")
+    p.add_argument("--dry-run", action="store_true", help="print every command (done ones marked) and stop")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("train_args", nargs="*", metavar="-- TRAIN ARGS",
+                   help="after --, the arguments of `rpt train` every run shares: --preset or --config, --store, "
+                        "--steps, --seq-len, --lr, --set KEY=VALUE ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rpt.config import VARIANTS
+    from rpt.sweep import SweepSettings, run_sweep
+    from rpt.utils import UserError, parse_seeds
+
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants or len(set(variants)) != len(variants):
+        raise UserError(f"--variants {args.variants!r}: give distinct variants from {', '.join(VARIANTS)}")
+    if args.max_documents < 0:
+        raise UserError(f"--max-documents {args.max_documents}: must be >= 0")
+    labels = {k: p for k, p in (("lex", args.labels_lex), ("sem", args.labels_sem)) if p is not None}
+    s = SweepSettings(out=args.out, variants=variants, seeds=parse_seeds(args.seeds), train_args=list(args.train_args),
+                      labels=labels, test_labels=args.test_labels, max_documents=args.max_documents,
+                      memory=args.memory, paper=args.paper, threads=args.threads, progress=not args.no_progress)
+    run_sweep(s, dry_run=args.dry_run)
+    return 0

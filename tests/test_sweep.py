@@ -1,0 +1,109 @@
+"""`rpt sweep`: variants x paired seeds trained, evaluated with each neighbour source and tabulated in one command;
+resumed without redoing finished work; bad input is one line before any work."""
+
+import json
+
+import pytest
+
+from rpt.cli import main
+
+SMALL = ["--preset", "tiny", "--steps", "3", "--seq-len", "512", "--batch-size", "2", "--set", "model.segment_len=64"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep") / "store"
+    spec = "synthetic:copy-far?docs=8&eval_docs=2&passages=8&passage=64&distance=2-4"
+    assert main(["prepare", "--corpus", spec, "--out", str(root), "--no-progress"]) == 0
+    assert main(["label", "--store", str(root), "--split", "train", "--kind", "lex", "--span", "512",
+                 "--segment-len", "64", "--no-progress"]) == 0
+    return root
+
+
+def sweep(out, store, *flags, variants="xl,retro,rpt-lex", seeds="0,1", train=()):
+    return main(["sweep", "--out", str(out), "--variants", variants, "--seeds", seeds, "--no-progress", *flags, "--",
+                 *SMALL, "--store", str(store), *train])
+
+
+def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sweep(out, store) == 0
+    printed = capsys.readouterr().out
+    assert "3 variants x 2 seeds to step 3" in printed and "no test labels: no oracle" in printed
+    names = sorted(p.name for p in (out / "eval").iterdir())
+    # xl: none; retro: its BM25 neighbours and none; rpt-lex: its own retriever, none and BM25's neighbours
+    assert names == sorted(f"{v}-seed{s}-3-{src}.json" for s in (0, 1) for v, srcs in
+                           (("xl", ["none"]), ("retro", ["bm25", "none"]), ("rpt-lex", ["model", "none", "bm25"]))
+                           for src in srcs)
+    r = json.loads((out / "eval" / "rpt-lex-seed1-3-model.json").read_text())
+    assert r["config"]["train"]["seed"] == 1 and r["config"]["model"]["variant"] == "rpt-lex" and r["step"] == 3
+    table = json.loads((out / "compare.json").read_text())
+    rows = {row["variant"]: row for row in table["rows"]}
+    assert list(rows) == ["xl", "retro", "rpt-lex"]
+    assert all(row["seeds"] == [0, 1] for row in rows.values())
+    assert rows["retro"]["gain"][2] == 2 and rows["rpt-lex"]["vs_xl"][2] == 2 and rows["rpt-lex"]["bm25_gain"][2] == 2
+    assert "| rpt-lex | 2 |" in (out / "compare.md").read_text()
+    commands = (out / "commands.txt").read_text().splitlines()
+    assert len(commands) == 6 + 12 and commands[0].startswith("rpt train --preset tiny")
+    assert "--labels " + str(store / "labels" / "train-lex-512") in commands[2]  # retro trains on the lex labels
+
+    # a second call finds everything done; a result removed is the only job redone
+    (out / "eval" / "retro-seed1-3-none.json").unlink()
+    stamp = (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns
+    assert sweep(out, store) == 0
+    printed = capsys.readouterr().out
+    assert "18 jobs, 17 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
+    assert (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns == stamp
+    assert len((out / "commands.txt").read_text().splitlines()) == 19
+
+
+def test_a_killed_training_run_resumes_inside_the_sweep(store, tmp_path, capsys):
+    out = tmp_path / "sw"
+    # an interrupted run: one update of three, with its checkpoint (as a run killed after a checkpoint leaves it)
+    assert main(["train", *SMALL, "--store", str(store), "--variant", "xl", "--seed", "0", "--out", str(out / "xl-seed0"),
+                 "--stop-after", "1", "--set", "train.checkpoint_every=1", "--no-progress"]) == 0
+    first = out / "xl-seed0" / "checkpoints" / "step_00000001" / "model.safetensors"
+    stamp = first.stat().st_mtime_ns
+    assert sweep(out, store, variants="xl", seeds="0", train=["--set", "train.checkpoint_every=1"]) == 0
+    assert first.stat().st_mtime_ns == stamp  # update 1 was not trained again: the run went on from its checkpoint
+    assert (out / "xl-seed0" / "checkpoints" / "step_00000003").is_dir() and (out / "eval" / "xl-seed0-3-none.json").exists()
+
+
+def test_dry_run_prints_every_command_and_marks_the_done_ones(store, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert sweep(out, store, "--dry-run", variants="xl,griffin", seeds="3") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        f"rpt train {' '.join(SMALL)} --store {store} --variant xl --seed 3 --out {out}/xl-seed3 --no-progress",
+        f"rpt eval --checkpoint {out}/xl-seed3/checkpoints/step_00000003 --store {store} --split test --source none "
+        f"--memory auto --out {out}/eval/xl-seed3-3-none.json --no-progress",
+        f"rpt train {' '.join(SMALL)} --store {store} --variant griffin --seed 3 --out {out}/griffin-seed3 --no-progress",
+        f"rpt eval --checkpoint {out}/griffin-seed3/checkpoints/step_00000003 --store {store} --split test --source none "
+        f"--memory auto --out {out}/eval/griffin-seed3-3-none.json --no-progress"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, train, needle", [
+    (["--variants", "xl,nope"], [], "--variants 'xl,nope'"),
+    (["--variants", "rpt-sem"], [], "variant rpt-sem needs training labels: pass --labels-sem"),
+    (["--seeds", "0,0"], [], "--seeds '0,0'"),
+    (["--test-labels", "/nowhere"], [], "--test-labels /nowhere: not a label store"),
+    ([], ["--seed", "4"], "--seed among the train arguments"),
+    ([], ["--bogus", "1"], "--bogus 1 is not a flag of `rpt train`"),
+    ([], ["--set", "model.cca_layers=[9]"], "cca_layers"),
+])
+def test_bad_input_is_one_line_before_any_work(store, tmp_path, capsys, flags, train, needle):
+    args = {"--variants": "xl,retro", "--seeds": "0"}
+    for k, v in zip(flags[::2], flags[1::2], strict=True):
+        args[k] = v
+    argv = ["sweep", "--out", str(tmp_path / "sw"), *[x for kv in args.items() for x in kv], "--", *SMALL, "--store",
+            str(store), *train]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "sw").exists()
+
+
+def test_the_train_arguments_need_a_preset_or_a_config(tmp_path, capsys):
+    assert main(["sweep", "--out", str(tmp_path / "sw"), "--variants", "xl", "--", "--steps", "3"]) == 2
+    assert "train arguments: one of the arguments --config --preset is required" in capsys.readouterr().err
