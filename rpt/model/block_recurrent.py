@@ -274,12 +274,12 @@ class BlockRecurrentTransformer(SegmentDecoder):
     @classmethod
     def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
         """xl's layers plus the recurrent layer's: per token, its queries to the state, their output and projection,
-        the block keys/values it hands the cell (5 D) and, on the math path, two [H, N] score rows; per state vector
-        and block, the cell's norms, projections, attention outputs, gates and MLP (about 12 D + 4 F) and, on the
-        math path, two score rows over the N states and the S block tokens."""
-        D, F, H, S, N = cfg.d_model, cfg.mlp_hidden, cfg.n_heads, cfg.segment_len, cfg.recurrent_state
-        per_token = 5 * D + (2 * H * N if math_attention else 0)
-        per_state = 12 * D + 4 * F + (2 * H * (N + S) if math_attention else 0)
+        the block keys/values it hands the cell (5 D); per state vector and block, the cell's norms, projections,
+        attention outputs, gates and MLP (about 12 D + 4 F). The state's attentions have no mask, so even the CPU
+        takes a fused kernel for them and keeps no score matrix (measured: docs/results.md §6)."""
+        D, F, S, N = cfg.d_model, cfg.mlp_hidden, cfg.segment_len, cfg.recurrent_state
+        per_token = 5 * D
+        per_state = 12 * D + 4 * F
         return (super().layer_activation_elements(cfg, T, math_attention) + T * per_token
                 + max(0, -(-T // S) - 1) * N * per_state)
 

@@ -48,6 +48,12 @@ class TiedLM:
         (the retrieval path of retro / rpt is counted apart, by the estimate)."""
         return T * cfg.n_layers * cls.attention_layer_elements(cfg, math_attention)
 
+    @classmethod
+    def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
+        """The largest working set a layer allocates and frees within its own forward or backward, on top of what is
+        saved (the pre-flight estimate): none for xl's layers; Griffin's scan blocks, the kNN layer's search scores."""
+        return 0
+
     def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
 

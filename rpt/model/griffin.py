@@ -351,6 +351,15 @@ class Griffin(SegmentDecoder):
         recurrent = n_rec * (4 * cfg.d_model + 4 * cfg.mlp_hidden + 18 * rnn_width(cfg))
         return T * (attention + recurrent)
 
+    @classmethod
+    def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
+        """The scan's intra-chunk block, [B, G, L, L, R] fp32 with at most SCAN_BLOCK_ELEMENTS entries, about three
+        times over (the differences of cumulative log a, their exp, the product with b), in forward and backward."""
+        if "R" not in cfg.griffin_pattern[: cfg.n_layers]:
+            return 0
+        L = SCAN_CHUNK
+        return 3 * 4 * min(SCAN_BLOCK_ELEMENTS, batch * -(-T // L) * L * L * rnn_width(cfg))
+
     def init_extra(self, seed: int) -> None:
         self._init_lambda(seed)
 

@@ -399,6 +399,14 @@ class MemorizingTransformer(SegmentDecoder):
         extra = reading * (k * cfg.d_model + 3 * cfg.n_heads * k + 3 * cfg.d_model) + T * cfg.d_model
         return super().layer_activation_elements(cfg, T, math_attention) + extra
 
+    @classmethod
+    def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
+        """The exact search of the last segment: its [B, H, S, L] fp32 scores over the memory (L up to
+        memory_tokens), and as much again for the top-k and, in backward, the scores' gradient."""
+        S = cfg.segment_len
+        L = min(max(0, T - 2 * S), cfg.memory_tokens)
+        return 2 * 4 * batch * cfg.n_heads * S * L
+
     # ------------------------------------------------------------------------------------------------------------
     def new_cache(self, memory: TokenMemoryKind | TokenMemoryFactory | TokenMemory | type | None = None) -> MemorizingCache:
         """A fresh cache, with an empty token memory, for one batch of documents (start every document with a new one).

@@ -14,7 +14,9 @@ its backward pass, in bytes:
   attention output and residuals, 4 F for the MLP), plus on the CPU's math attention path two [H, 2S] score matrices
   per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none. Each
   model class counts its own layers (`layer_activation_elements`): the baselines add the kNN layer's retrieved
-  keys and values (memorizing), the state cell (block-recurrent), and count Griffin's recurrent blocks as such;
+  keys and values (memorizing), the state cell (block-recurrent), and count Griffin's recurrent blocks as such,
+  plus the largest working set a layer allocates and frees inside itself (`temporary_bytes`: Griffin's scan blocks,
+  the kNN search's scores);
 - **retrieval** (retrieving variants): per token its 2K neighbour tokens (K neighbours of 2M tokens per M-token
   chunk) with their query-augmentation block (about 8 D and two [H, M] score rows each), per CCA layer their keys and
   values and two [H, K * 2M] score matrices, the chunk encoder's and retriever's states, and the [B, C, C] retrieval
@@ -86,7 +88,8 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
         logits = int(blocks * 4 * min(t.loss_chunk, B * cfg.data.seq_len) * m.vocab_size) + 4 * m.vocab_size * m.d_model
     else:
         logits = 3 * 4 * B * T * m.vocab_size
-    layers = act * B * model_class(m.variant).layer_activation_elements(m, T, math_attention)
+    cls = model_class(m.variant)
+    layers = act * B * cls.layer_activation_elements(m, T, math_attention) + cls.temporary_bytes(m, B, T)
     retrieval = 0
     if m.uses_retrieval:
         K, M = m.n_neighbors, m.chunk_size
