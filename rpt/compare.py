@@ -154,16 +154,25 @@ def _label(settings: list[Setting]) -> None:
         differing = [k for k in keys if len({json.dumps(s.config.get(k)) for s in group}) > 1]
         for s in group:
             extra = [f"{k.split('.', 1)[1]}={s.config.get(k)}" for k in differing]
-            if len({g.step for g in group}) > 1:
+            if len({g.step for g in group}) > 1 and not all(g.step == g.config.get("train.steps") for g in group):
                 extra.append(f"step {s.step}")
             if len({g.k for g in group}) > 1:
                 extra.append(f"K={s.k}")
             s.label = s.variant + (f" ({', '.join(extra)})" if extra else "")
 
 
-def paper_row(s: Setting, source: str | None = None) -> str | None:
-    """The row of the paper's Table 2 / 4 this setting reproduces, or None."""
+def paper_row(s: Setting, source: str | None = None, base_xl: Setting | None = None) -> str | None:
+    """The row of the paper's Table 2 / 4 this setting reproduces, or None. An xl setting other than `base_xl` (the
+    plain xl of the same data) is its "+2 layers" row with two more layers, its "1.5x steps" row with 1.5x the
+    updates."""
     c, v = s.config, s.variant
+    if v == "xl" and base_xl is not None and s is not base_xl:
+        b = base_xl.config
+        if c["model.n_layers"] == b["model.n_layers"] + 2 and c["train.steps"] == b["train.steps"]:
+            return "Transformer-XL +2 layers"
+        if c["model.n_layers"] == b["model.n_layers"] and 2 * c["train.steps"] == 3 * b["train.steps"]:
+            return "Transformer-XL 1.5x steps"
+        return None
     if source == "oracle":
         return {"rpt-lex": "RPT-Lex w. Oracle", "rpt-sem": "RPT-Sem w. Oracle"}.get(v)
     if source == "dpr":
@@ -193,12 +202,21 @@ def _ratios(num: dict[int, float], den: dict[int, float]) -> list[float]:
     return [num[s] / den[s] for s in sorted(set(num) & set(den))]
 
 
-def compare(results: list[dict[str, Any]], domain: str | None = None, step: int | None = None) -> dict[str, Any]:
+def _final(r: dict[str, Any]) -> bool:
+    return r.get("step") is not None and r.get("step") == r["config"].get("train", {}).get("steps")
+
+
+def compare(results: list[dict[str, Any]], domain: str | None = None, step: int | str | None = None) -> dict[str, Any]:
     """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure;
-    `step` keeps only the results of checkpoints at that step."""
+    `step` keeps only the results of checkpoints at that step, or with "final" each run's last one (train.steps:
+    the rows of xl with 1.5x the updates then stand beside the others)."""
     if domain is not None and domain not in DOMAINS:
         raise UserError(f"--paper {domain!r}: choose from {', '.join(DOMAINS)}")
-    if step is not None:
+    if step == "final":
+        results = [r for r in results if _final(r)]
+        if not results:
+            raise UserError("--step final: no result is of a run's final checkpoint (step = its train.steps)")
+    elif step is not None:
         kept = [r for r in results if r.get("step") == step]
         if not kept:
             raise UserError(f"--step {step}: no result is of a checkpoint at that step "
@@ -210,9 +228,15 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
     data_keys = ("data.store", "data.seq_len", "data.tokenizer")
 
     def xl_for(s: Setting) -> Setting | None:
-        same = [x for x in settings if x.variant == "xl" and x.step == s.step
+        """The plain xl of s's data and step (with --step final: its final checkpoint): of the xl settings there,
+        the one with the fewest layers and updates, when only one has them."""
+        same = [x for x in settings if x.variant == "xl" and (x.step == s.step or step == "final")
                 and all(x.config.get(k) == s.config.get(k) for k in data_keys)]
-        return same[0] if len(same) == 1 else None
+        if not same:
+            return None
+        size = min((x.config["model.n_layers"], x.config["train.steps"]) for x in same)
+        base = [x for x in same if (x.config["model.n_layers"], x.config["train.steps"]) == size]
+        return base[0] if len(base) == 1 else None
 
     rows = []
     for s in settings:
@@ -238,7 +262,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
                 row[f"metrics_{who}"] = [_stats([v[i] for v in vals]) for i in range(len(METRICS))]
-        name = paper_row(s)
+        name = paper_row(s, base_xl=xl)
         if domain is not None and name is not None:
             i = DOMAINS.index(domain)
             row["paper"] = {"row": name, "ppl": PAPER[name]["ppl"][i]}

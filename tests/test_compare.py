@@ -111,3 +111,33 @@ def test_an_own_retriever_model_read_with_bm25_neighbours_gets_its_own_columns()
     assert rows["rpt-sem"]["bm25_gain"][0] == pytest.approx(1.125) and "bm25" not in rows["retro"]
     text = to_markdown(compare(rs))
     assert "BM25 gain" in text and "| rpt-sem | 1 | 90.0 |" in text and "| 88.0 | 1.125 |" in text
+
+
+def test_the_compute_and_parameter_matched_xl_rows_are_recognised_and_paired_with_plain_xl():
+    plain = [result("xl", s, "none", p, step=100, train__steps=100) for s, p in ((0, 100.0), (1, 110.0))]
+    deeper = [result("xl", s, "none", p, step=100, train__steps=100, model__n_layers=6) for s, p in ((0, 90.0), (1, 99.0))]
+    longer = [result("xl", s, "none", p, step=150, train__steps=150) for s, p in ((0, 95.0), (1, 99.0))]
+    partial = [result("xl", 0, "none", 120.0, step=50, train__steps=150)]  # not a final checkpoint: left out
+    table = compare(plain + deeper + longer + partial, "code", step="final")
+    rows = {r["label"]: r for r in table["rows"]}
+    assert set(rows) == {"xl (n_layers=4, steps=100)", "xl (n_layers=6, steps=100)", "xl (n_layers=4, steps=150)"}
+    assert rows["xl (n_layers=6, steps=100)"]["paper"]["row"] == "Transformer-XL +2 layers"
+    assert rows["xl (n_layers=4, steps=150)"]["paper"]["row"] == "Transformer-XL 1.5x steps"
+    assert rows["xl (n_layers=4, steps=100)"]["paper"]["row"] == "Transformer-XL"
+    # paired with plain xl per seed, across the steps (each run's final checkpoint)
+    assert rows["xl (n_layers=6, steps=100)"]["vs_xl"][0] == pytest.approx(0.9)
+    assert rows["xl (n_layers=4, steps=150)"]["vs_xl"][0] == pytest.approx((0.95 + 0.9) / 2)
+    assert "vs_xl" not in rows["xl (n_layers=4, steps=100)"]
+    with pytest.raises(UserError, match="--step final: no result"):
+        compare(partial, step="final")
+
+
+def test_compare_cli_takes_final_as_a_step(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    r = result("xl", 0, "none", 100.0, step=100, train__steps=100)
+    r.pop("_path")
+    path.write_text(json.dumps(r))
+    assert main(["compare", str(path), "--step", "final"]) == 0
+    assert "| xl | 1 | 100.0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["compare", str(path), "--step", "last"])

@@ -15,9 +15,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("results", nargs="+", metavar="RESULT", help="`rpt eval` result JSONs, or folders searched for them")
     p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
-    p.add_argument("--step", type=int, help="only the results of checkpoints at this step (default: every step, one row each)")
+    p.add_argument("--step", type=_step, help="only the results of checkpoints at this step, or `final`: each run's "
+                   "last (its train.steps; puts xl with 1.5x the updates beside the rest); default: every step, one row each")
     p.add_argument("--out", help="also write the table as JSON here")
     p.add_argument("--markdown", help="also write the Markdown tables here")
+
+
+def _step(text: str) -> int | str:
+    if text == "final":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a step number or `final`") from None
 
 
 def run(args: argparse.Namespace) -> int:
