@@ -48,6 +48,21 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = fmt
 
 
+def run_verb(argv: list[str], log: list[str] | None = None) -> int:
+    """Run `rpt <argv>` in this process, printing the command first (and appending it to `log`); returns the exit
+    code. Ctrl-C inside the verb stops the caller too."""
+    import shlex
+
+    line = "rpt " + " ".join(shlex.quote(a) for a in argv)
+    print(f"\n$ {line}", flush=True)
+    if log is not None:
+        log.append(line)
+    code = main(argv)
+    if code == 130:
+        raise KeyboardInterrupt
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     import rpt.utils
     from rpt.config import ConfigError

@@ -168,6 +168,8 @@ def paper_row(s: Setting, source: str | None = None, base_xl: Setting | None = N
     c, v = s.config, s.variant
     if v == "xl" and base_xl is not None and s is not base_xl:
         b = base_xl.config
+        if any(c.get(k) != b.get(k) for k in set(c) | set(b) if k not in ("model.n_layers", "train.steps")):
+            return None  # xl with other settings still (lr, batch, ...): none of the paper's rows
         if c["model.n_layers"] == b["model.n_layers"] + 2 and c["train.steps"] == b["train.steps"]:
             return "Transformer-XL +2 layers"
         if c["model.n_layers"] == b["model.n_layers"] and 2 * c["train.steps"] == 3 * b["train.steps"]:
@@ -228,14 +230,19 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
     data_keys = ("data.store", "data.seq_len", "data.tokenizer")
 
     def xl_for(s: Setting) -> Setting | None:
-        """The plain xl of s's data and step (with --step final: its final checkpoint): of the xl settings there,
-        the one with the fewest layers and updates, when only one has them."""
-        same = [x for x in settings if x.variant == "xl" and (x.step == s.step or step == "final")
-                and all(x.config.get(k) == s.config.get(k) for k in data_keys)]
+        """The plain xl of s's data and step: of the xl settings there, the one with both the fewest layers and the
+        fewest updates, when exactly one is. With --step final (each run's last checkpoint) an xl row is paired with
+        plain xl whatever its updates, any other row only with an xl trained as long."""
+        same = [x for x in settings if x.variant == "xl" and all(x.config.get(k) == s.config.get(k) for k in data_keys)]
+        if step != "final":
+            same = [x for x in same if x.step == s.step]
+        elif s.variant != "xl":
+            same = [x for x in same if x.config["train.steps"] == s.config["train.steps"]]
         if not same:
             return None
-        size = min((x.config["model.n_layers"], x.config["train.steps"]) for x in same)
-        base = [x for x in same if (x.config["model.n_layers"], x.config["train.steps"]) == size]
+        layers = min(x.config["model.n_layers"] for x in same)
+        steps = min(x.config["train.steps"] for x in same)
+        base = [x for x in same if x.config["model.n_layers"] == layers and x.config["train.steps"] == steps]
         return base[0] if len(base) == 1 else None
 
     rows = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +48,11 @@ class DemoSettings:
 
 
 def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
-    from rpt.cli import main
+    from rpt.cli import run_verb
 
-    line = "rpt " + " ".join(shlex.quote(a) for a in argv)
-    print(f"\n$ {line}", flush=True)
-    log.append(line)
-    code = main(argv)
+    code = run_verb(argv, log)
     if code not in ok:
-        raise UserError(f"step failed (exit {code}): {line}")
+        raise UserError(f"step failed (exit {code}): {log[-1]}")
 
 
 def _copy_argv(s: DemoSettings) -> tuple[list[str], Path]:

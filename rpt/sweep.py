@@ -9,21 +9,26 @@ For every seed, and every variant of that seed (so that a sweep stopped early ha
                    rpt-lex / rpt-sem (own retriever)  model, none, bm25          (+ oracle, and --metrics, with test labels)
                into OUT/eval/V-seedS-STEP-SOURCE.json
 
-then `rpt compare OUT/eval --step STEP` (OUT/compare.json, OUT/compare.md): mean ± sd over seeds, the retrieval gain
-ppl(none) / ppl(own neighbours) paired per seed, the ratio to xl paired per seed, the oracle, the retriever read with
-BM25's neighbours instead, and the paper's figure beside each row (--paper). Every variant of one seed starts from the
-same weights for the modules they share (paired initialisation, `rpt.model.layers.init_weights`).
+then the `rpt compare` table of exactly these results (OUT/compare.md, OUT/compare.json): mean ± sd over seeds, the
+retrieval gain ppl(none) / ppl(own neighbours) paired per seed, the ratio to xl paired per seed, the oracle, the
+retriever read with BM25's neighbours instead, and the paper's figure beside each row (--paper). Every variant of one
+seed starts from the same weights for the modules they share (paired initialisation, `rpt.model.layers.init_weights`).
+
+Before any work the sweep checks everything that can fail later: each run's config (the train arguments may not
+override the per-run variant, seed or folder), each variant's training labels against the store and config, the
+memory a training step needs, the test labels against the documents evaluated, and that every run or result already
+in OUT was made with the settings planned now (otherwise it names the file: a changed --lr or --steps never silently
+continues an old run, a changed --max-documents never mixes results over other documents).
 
 Stopping and starting again loses nothing: a run whose final checkpoint exists is not trained again, a killed
 training run resumes from its last checkpoint (`rpt train` resumes by default), an evaluation whose result exists is
-not run again (results are written atomically). Every command is printed and appended to OUT/commands.txt, so the
-sweep doubles as the recipe of its table.
+not run again (results are written atomically). Each command that completed is appended to OUT/commands.txt.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +36,10 @@ from typing import Any
 
 from rpt.utils import UserError, write_json_atomic
 
-# flags of `rpt train` that the sweep sets itself, per run
+# flags of `rpt train` that the sweep controls, per run or for the whole sweep
 SWEEP_OWNED = ("--variant", "--seed", "--out", "--labels", "--no-resume", "--stop-after", "--no-progress", "--threads")
+# config keys that may differ between a finished run and the plan (bookkeeping: they change no weight)
+BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard")
 
 
 @dataclass
@@ -56,17 +63,13 @@ class Job:
     argv: list[str]  # an `rpt` command line (without "rpt")
     done: Path  # exists once the job has finished
 
-    @property
-    def line(self) -> str:
-        return "rpt " + " ".join(shlex.quote(a) for a in self.argv)
-
 
 @dataclass
 class Plan:
     jobs: list[Job]
     step: int  # the final step every run trains to
     store: str
-    eval_dir: Path
+    results: list[Path]  # every eval result of the sweep
     test_labels: Path | None
 
 
@@ -75,101 +78,190 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"train arguments: {message}")
 
 
-def train_config(train_args: list[str], variant: str):
-    """The RPTConfig `rpt train <train_args> --variant <variant>` would train, and refusal of flags the sweep owns."""
+def _train_namespace(train_args: list[str], variant: str, seed: int, run: Path) -> argparse.Namespace:
     from rpt.commands import train as train_cmd
 
     for a in train_args:
         if a.split("=", 1)[0] in SWEEP_OWNED:
-            raise UserError(f"{a.split('=', 1)[0]} among the train arguments: the sweep sets it for each run "
-                            "(--variants, --seeds, --out, --labels-lex / --labels-sem, --threads, --no-progress)")
-    p = _Parser(prog="rpt sweep ... --", add_help=False)
+            raise UserError(f"{a.split('=', 1)[0]} among the train arguments: the sweep controls it (--variants, "
+                            "--seeds, --out, --labels-lex / --labels-sem, --threads, --no-progress; runs resume)")
+    p = _Parser(prog="rpt sweep ... --", add_help=False, allow_abbrev=False)
     train_cmd.add_arguments(p)
-    args, unknown = p.parse_known_args([*train_args, "--variant", variant])
+    args, unknown = p.parse_known_args([*train_args, "--variant", variant, "--seed", str(seed), "--out", str(run)])
     if unknown:
         raise UserError(f"train arguments: {' '.join(unknown)} is not a flag of `rpt train` (see rpt train --help)")
-    return train_cmd.config_from_args(args)
+    return args
+
+
+def run_config(train_args: list[str], variant: str, seed: int, run: Path):
+    """(the RPTConfig `rpt train` will train for this run, its parsed arguments); refuses train arguments that would
+    change the run's variant, seed or folder."""
+    from rpt.commands.train import config_from_args
+
+    args = _train_namespace(train_args, variant, seed, run)
+    cfg = config_from_args(args)
+    for key, got, want in (("model.variant", cfg.model.variant, variant), ("train.seed", cfg.train.seed, seed),
+                           ("train.out_dir", cfg.train.out_dir, str(run))):
+        if got != want:
+            raise UserError(f"--set {key}={got} among the train arguments overrides the sweep's own (here {want}): "
+                            "remove it")
+    return cfg, args
 
 
 def eval_sources(variant: str, with_test_labels: bool) -> list[str]:
     """The neighbour sources a variant's checkpoint is evaluated with; its own source first."""
-    from rpt.model.registry import spec
+    from rpt.eval.perplexity import default_source
 
-    kind = spec(variant).neighbours
-    if kind == "none":
-        return ["none"]
-    sources = ["bm25", "none"] if kind == "bm25" else ["model", "none", "bm25"]
-    return sources + (["oracle"] if with_test_labels else [])
+    own = default_source(variant)
+    more = {"none": [], "bm25": ["none"], "model": ["none", "bm25"]}[own]
+    return [own, *more] + (["oracle"] if with_test_labels and own != "none" else [])
 
 
-def train_labels(variant: str, s: SweepSettings, store: str, seq_len: int) -> Path | None:
-    """The train label store a variant trains with: sem for rpt-sem; lex (else sem) for retro and rpt-lex; the flags
-    first, then the folder `rpt label` writes by default. None for the variants that need none."""
-    from rpt.commands.train import default_labels
-    from rpt.model.registry import spec
+def _flat_config(cfg) -> dict[str, Any]:
+    from rpt.compare import _flat
 
-    need = spec(variant).labels
-    if need is None:
-        return None
-    for kind in (["sem"] if need == "sem" else ["lex", "sem"]):
-        if kind in s.labels:
-            return s.labels[kind]
-    found = default_labels(store, variant, seq_len)
-    if found is None:
-        flag = "--labels-sem" if need == "sem" else "--labels-lex (or --labels-sem)"
-        raise UserError(f"variant {variant} needs training labels: pass {flag}, made by `rpt label --store {store} "
-                        f"--split train --span {seq_len}`")
-    return found
+    return {k: v for k, v in _flat(cfg.to_dict()).items() if k not in BOOKKEEPING and not k.startswith("eval.")}
+
+
+def _check_run(run: Path, cfg) -> None:
+    """A run folder that exists was started with the config planned now (else it would resume another run)."""
+    from rpt.config import RPTConfig
+
+    done = run / "config.yaml"
+    if not done.is_file():
+        return
+    try:
+        old = _flat_config(RPTConfig.from_yaml(done.read_text()))
+    except Exception as e:  # a config of an older version or a damaged file: say which
+        raise UserError(f"{done}: cannot be read as a run config ({e}); move {run} away to train it again") from None
+    new = _flat_config(cfg)
+    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if diff:
+        raise UserError(f"{done}: this run was trained with other settings ({'; '.join(diff[:3])}"
+                        f"{'; ...' if len(diff) > 3 else ''}): use another --out, or move {run} away")
+
+
+def _check_result(path: Path, checkpoint: Path, step: int, source: str, s: SweepSettings, labels: Path | None,
+                  metrics: bool) -> None:
+    """A result that exists was made from this checkpoint with the evaluation planned now."""
+    import json
+
+    if not path.is_file():
+        return
+    try:
+        r = json.loads(path.read_text())
+        ev = r["eval"]
+        made = {"step": r["step"], "source": ev["source"], "split": ev["split"], "max_documents": ev["max_documents"],
+                "labels": ev.get("labels"), "metrics": "model" in (r.get("retrieval") or {})}
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{path}: not an `rpt eval` result; delete it to evaluate again") from None
+    want = {"step": step, "source": source, "split": "test", "max_documents": s.max_documents,
+            "labels": str(labels) if labels is not None else None, "metrics": metrics}
+    diff = [f"{k} {made[k]!r}, now {want[k]!r}" for k in want if made[k] != want[k]]
+    if Path(str(r.get("checkpoint"))).resolve() != checkpoint.resolve():
+        diff.insert(0, f"checkpoint {r.get('checkpoint')}")
+    if diff:
+        raise UserError(f"{path}: made with other settings ({'; '.join(diff)}): delete it to evaluate again, or use "
+                        "another --out")
+
+
+def _check_inputs(s: SweepSettings, variant: str, cfg, args: argparse.Namespace, labels: Path | None,
+                  test_labels: Path | None) -> None:
+    """What `rpt train` / `rpt eval` would refuse hours into the sweep, refused now: labels that do not fit the store
+    and config, a step that does not fit in memory, test labels that miss a document evaluated."""
+    import torch
+
+    from rpt.data.store import StoreError
+    from rpt.eval.perplexity import open_eval_labels
+    from rpt.labels.store import LabelError
+    from rpt.train.data import LabelMismatch, check_labels, open_labels, open_store
+    from rpt.train.memory import check_fits
+
+    try:
+        store = open_store(cfg.data.store, "train")
+        if labels is not None:
+            check_labels(open_labels(labels), store, cfg)
+        if test_labels is not None:
+            test = open_store(cfg.data.store, "test")
+            n = len(test) if not s.max_documents else min(s.max_documents, len(test))
+            open_eval_labels(test_labels, test, cfg.model.segment_len, list(range(n)))
+    except (StoreError, LabelError, LabelMismatch) as e:
+        raise UserError(f"{variant}: {e}") from None
+    if not args.no_memory_check:
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        check_fits(cfg, device)
 
 
 def plan(s: SweepSettings) -> Plan:
-    """Every job of the sweep, in order; checks what can be checked before any work."""
+    """Every job of the sweep, in order, after the checks of the module docstring."""
+    from rpt.commands.train import default_labels
     from rpt.labels.store import default_label_path
+    from rpt.model.registry import spec
 
     if not s.variants or not s.seeds:
         raise UserError("--variants and --seeds must each name at least one")
-    cfg = train_config(s.train_args, s.variants[0])
-    step, store, seq_len = cfg.train.steps, cfg.data.store, cfg.data.seq_len
     flags = [(f"--labels-{kind}", path) for kind, path in s.labels.items()]
     for flag, path in flags + ([("--test-labels", s.test_labels)] if s.test_labels else []):
         if not (Path(path) / "manifest.json").is_file():
             raise UserError(f"{flag} {path}: not a label store (no manifest.json; made by `rpt label`)")
+    configs = {(v, seed): run_config(s.train_args, v, seed, s.out / f"{v}-seed{seed}")
+               for seed in s.seeds for v in s.variants}
+    first = configs[s.variants[0], s.seeds[0]][0]
+    step, store, seq_len = first.train.steps, first.data.store, first.data.seq_len
     test_labels = s.test_labels
     if test_labels is None:
         default = default_label_path(store, "test", "sem", None)
         test_labels = default if (default / "manifest.json").is_file() else None
-    labels = {v: train_labels(v, s, store, seq_len) for v in s.variants}
-    for v in s.variants[1:]:
-        train_config(s.train_args, v)  # a variant the config cannot build (e.g. CCA layers) fails here, not hours in
+    labels: dict[str, Path | None] = {}
+    for v in s.variants:
+        cfg, args = configs[v, s.seeds[0]]
+        labels[v] = default_labels(store, v, seq_len, s.labels)
+        if spec(v).labels is not None and labels[v] is None:
+            flag = "--labels-sem" if spec(v).labels == "sem" else "--labels-lex (or --labels-sem)"
+            kind = "sem --scorer RUN" if spec(v).labels == "sem" else "lex"
+            raise UserError(f"variant {v} needs training labels: pass {flag}, made by `rpt label --store {store} "
+                            f"--split train --kind {kind} --span {seq_len} --segment-len {cfg.model.segment_len}`")
+        _check_inputs(s, v, cfg, args, labels[v], test_labels if spec(v).neighbours != "none" else None)
+
     common = (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
-    eval_dir = s.out / "eval"
-    jobs = []
+    jobs, results = [], []
     for seed in s.seeds:
         for v in s.variants:
             run = s.out / f"{v}-seed{seed}"
+            cfg = configs[v, seed][0]
+            _check_run(run, cfg)
             ckpt = run / "checkpoints" / f"step_{step:08d}"
             argv = ["train", *s.train_args, "--variant", v, "--seed", str(seed), "--out", str(run), *common]
             if labels[v] is not None:
                 argv += ["--labels", str(labels[v])]
             jobs.append(Job(f"train {v} seed {seed}", argv, ckpt / "state.json"))
             for src in eval_sources(v, test_labels is not None):
-                res = eval_dir / f"{v}-seed{seed}-{step}-{src}.json"
+                res = s.out / "eval" / f"{v}-seed{seed}-{step}-{src}.json"
+                with_labels = src == "oracle" or (src == "model" and test_labels is not None)
+                _check_result(res, ckpt, step, src, s, test_labels if with_labels else None,
+                              metrics=src == "model" and test_labels is not None)
                 argv = ["eval", "--checkpoint", str(ckpt), "--store", store, "--split", "test", "--source", src,
                         "--memory", s.memory, "--out", str(res), *common]
                 if s.max_documents:
                     argv += ["--max-documents", str(s.max_documents)]
-                if src == "oracle" or (src == "model" and test_labels is not None):
+                if with_labels:
                     argv += ["--labels", str(test_labels)]
                 if src == "model" and test_labels is not None:
                     argv.append("--metrics")
                 jobs.append(Job(f"eval {v} seed {seed} {src}", argv, res))
-    return Plan(jobs, step, store, eval_dir, test_labels)
+                results.append(res)
+    return Plan(jobs, step, store, results, test_labels)
 
 
 def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
     """Run (or with dry_run only print) every job not yet done, then tabulate; returns the `rpt compare` table."""
-    from rpt.cli import main
+    import shlex
 
+    from rpt.cli import run_verb
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("rpt sweep runs in one process: start it without torchrun (each `rpt train` it runs uses one "
+                        "device); for multi-GPU runs, run `rpt train` under torchrun and `rpt compare` on the results")
     p = plan(s)
     todo = [j for j in p.jobs if not j.done.exists()]
     print(f"sweep: {len(s.variants)} variants x {len(s.seeds)} seeds to step {p.step} on {p.store}; "
@@ -177,34 +269,33 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
           + ("" if p.test_labels else "; no test labels: no oracle, no retrieval metrics"), flush=True)
     if dry_run:
         for j in p.jobs:
-            print(("# done: " if j.done.exists() else "") + j.line)
+            print(("# done: " if j.done.exists() else "") + "rpt " + " ".join(shlex.quote(a) for a in j.argv))
         return None
     s.out.mkdir(parents=True, exist_ok=True)
     for i, j in enumerate(p.jobs, 1):
         if j.done.exists():
             continue
-        print(f"\n[{i}/{len(p.jobs)}] {j.what}\n$ {j.line}", flush=True)
-        with open(s.out / "commands.txt", "a") as f:
-            f.write(j.line + "\n")
+        print(f"\n[{i}/{len(p.jobs)}] {j.what}", flush=True)
         t = time.perf_counter()
-        code = main(j.argv)
+        log: list[str] = []
+        code = run_verb(j.argv, log)
         if code != 0 or not j.done.exists():
-            raise UserError(f"sweep stopped: {j.what} failed (exit {code}); fix it and run the sweep again to go on: "
-                            f"{j.line}")
+            why = f"exit {code}" if code != 0 else f"exit 0, but {j.done} was not written"
+            raise UserError(f"sweep stopped: {j.what} failed ({why}); fix it and run the sweep again to go on: {log[0]}")
+        with open(s.out / "commands.txt", "a") as f:
+            f.write(log[0] + "\n")
         print(f"[{i}/{len(p.jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
     return tabulate(s, p)
 
 
 def tabulate(s: SweepSettings, p: Plan) -> dict[str, Any]:
+    """The `rpt compare` table of this sweep's results only (other files in OUT/eval are left out)."""
     from rpt.compare import compare, load_results, to_markdown
 
-    names = {f"{v}-seed{seed}-{p.step}-{src}.json" for v in s.variants for seed in s.seeds
-             for src in eval_sources(v, p.test_labels is not None)}
-    files = sorted(f for f in p.eval_dir.glob("*.json") if f.name in names)  # this sweep's results only
-    table = compare(load_results(files), s.paper, p.step)
+    table = compare(load_results(p.results), s.paper, p.step)
     text = to_markdown(table)
     write_json_atomic(s.out / "compare.json", table)
     (s.out / "compare.md").write_text(text + "\n")
-    print("\n" + text + f"\n\ntable: {s.out / 'compare.md'} ({s.out / 'compare.json'}); every command: "
+    print("\n" + text + f"\n\ntable: {s.out / 'compare.md'} ({s.out / 'compare.json'}); the commands that made it: "
           f"{s.out / 'commands.txt'}")
     return table

@@ -141,3 +141,15 @@ def test_compare_cli_takes_final_as_a_step(tmp_path, capsys):
     assert "| xl | 1 | 100.0 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["compare", str(path), "--step", "last"])
+
+
+def test_final_pairs_a_model_with_the_xl_trained_as_long_and_other_xl_settings_get_no_paper_row():
+    xl100 = result("xl", 0, "none", 100.0, step=100, train__steps=100)
+    xl200 = result("xl", 0, "none", 80.0, step=200, train__steps=200)
+    retro200 = [result("retro", 0, "bm25", 72.0, step=200, train__steps=200),
+                result("retro", 0, "none", 76.0, step=200, train__steps=200)]
+    deeper_other_lr = result("xl", 0, "none", 90.0, step=100, train__steps=100, model__n_layers=6, train__lr=0.5)
+    rows = {r["label"]: r for r in compare([xl100, xl200, *retro200, deeper_other_lr], "code", step="final")["rows"]}
+    assert rows["retro"]["vs_xl"][0] == pytest.approx(72.0 / 80.0)  # the 200-update xl, not the plain 100-update one
+    other = next(r for label, r in rows.items() if "n_layers=6" in label)
+    assert "paper" not in other  # two more layers, but another lr too: not the paper's "+2 layers" row

@@ -1,10 +1,12 @@
 """`rpt sweep`: variants x paired seeds trained, evaluated with each neighbour source and tabulated in one command;
-resumed without redoing finished work; bad input is one line before any work."""
+resumed without redoing finished work; stale runs and results named, never reused; bad input is one line before any
+work."""
 
 import json
 
 import pytest
 
+import rpt.cli
 from rpt.cli import main
 
 SMALL = ["--preset", "tiny", "--steps", "3", "--seq-len", "512", "--batch-size", "2", "--set", "model.segment_len=64"]
@@ -27,37 +29,56 @@ def sweep(out, store, *flags, variants="xl,retro,rpt-lex", seeds="0,1", train=()
 
 def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store, tmp_path, capsys):
     out = tmp_path / "sw"
-    assert sweep(out, store) == 0
+    assert sweep(out, store, variants="xl") == 0
+    assert "no test labels: no oracle" in capsys.readouterr().out
+    # test labels scored by the sweep's own xl: the retrieving variants then get the oracle and retrieval metrics
+    test_labels = tmp_path / "test-sem"
+    assert main(["label", "--store", str(store), "--split", "test", "--kind", "sem", "--span", "doc", "--segment-len",
+                 "64", "--k", "4", "--scorer", str(out / "xl-seed0"), "--out", str(test_labels), "--no-progress"]) == 0
+    assert sweep(out, store, "--test-labels", str(test_labels)) == 0
     printed = capsys.readouterr().out
-    assert "3 variants x 2 seeds to step 3" in printed and "no test labels: no oracle" in printed
+    assert "3 variants x 2 seeds to step 3" in printed and "22 jobs, 4 already done" in printed  # xl's runs and results
     names = sorted(p.name for p in (out / "eval").iterdir())
-    # xl: none; retro: its BM25 neighbours and none; rpt-lex: its own retriever, none and BM25's neighbours
+    # xl: none; retro: its BM25 neighbours, none, the oracle's; rpt-lex: its own retriever, none, BM25's, the oracle's
     assert names == sorted(f"{v}-seed{s}-3-{src}.json" for s in (0, 1) for v, srcs in
-                           (("xl", ["none"]), ("retro", ["bm25", "none"]), ("rpt-lex", ["model", "none", "bm25"]))
-                           for src in srcs)
+                           (("xl", ["none"]), ("retro", ["bm25", "none", "oracle"]),
+                            ("rpt-lex", ["model", "none", "bm25", "oracle"])) for src in srcs)
     r = json.loads((out / "eval" / "rpt-lex-seed1-3-model.json").read_text())
     assert r["config"]["train"]["seed"] == 1 and r["config"]["model"]["variant"] == "rpt-lex" and r["step"] == 3
+    assert r["eval"]["labels"] == str(test_labels) and "precision@2" in r["retrieval"]["model"]
     table = json.loads((out / "compare.json").read_text())
     rows = {row["variant"]: row for row in table["rows"]}
     assert list(rows) == ["xl", "retro", "rpt-lex"]
     assert all(row["seeds"] == [0, 1] for row in rows.values())
     assert rows["retro"]["gain"][2] == 2 and rows["rpt-lex"]["vs_xl"][2] == 2 and rows["rpt-lex"]["bm25_gain"][2] == 2
+    assert rows["retro"]["oracle_gain"][2] == 2 and rows["rpt-lex"]["metrics_model"][0][2] == 2
     assert "| rpt-lex | 2 |" in (out / "compare.md").read_text()
     commands = (out / "commands.txt").read_text().splitlines()
-    assert len(commands) == 6 + 12 and commands[0].startswith("rpt train --preset tiny")
-    assert "--labels " + str(store / "labels" / "train-lex-512") in commands[2]  # retro trains on the lex labels
+    assert len(commands) == 22 and commands[0].startswith("rpt train --preset tiny")
+    retro_train = next(c for c in commands if c.startswith("rpt train") and "--variant retro" in c)
+    assert retro_train.endswith("--labels " + str(store / "labels" / "train-lex-512"))  # the store's lex labels
 
     # a second call finds everything done; a result removed is the only job redone
     (out / "eval" / "retro-seed1-3-none.json").unlink()
     stamp = (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns
-    assert sweep(out, store) == 0
+    assert sweep(out, store, "--test-labels", str(test_labels)) == 0
     printed = capsys.readouterr().out
-    assert "18 jobs, 17 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
+    assert "22 jobs, 21 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
     assert (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns == stamp
-    assert len((out / "commands.txt").read_text().splitlines()) == 19
+    assert len((out / "commands.txt").read_text().splitlines()) == 23
+
+    # what was made with other settings is named, never silently reused
+    assert sweep(out, store, "--test-labels", str(test_labels), "--max-documents", "1") == 2
+    err = capsys.readouterr().err
+    assert "xl-seed0-3-none.json: made with other settings (max_documents 0, now 1)" in err
+    assert sweep(out, store, "--test-labels", str(test_labels), train=["--lr", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "xl-seed0/config.yaml: this run was trained with other settings (train.lr" in err
+    assert sweep(out, store) == 2  # without test labels, the model results made with --metrics no longer match
+    assert "rpt-lex-seed0-3-model.json: made with other settings" in capsys.readouterr().err
 
 
-def test_a_killed_training_run_resumes_inside_the_sweep(store, tmp_path, capsys):
+def test_a_killed_training_run_resumes_inside_the_sweep(store, tmp_path):
     out = tmp_path / "sw"
     # an interrupted run: one update of three, with its checkpoint (as a run killed after a checkpoint leaves it)
     assert main(["train", *SMALL, "--store", str(store), "--variant", "xl", "--seed", "0", "--out", str(out / "xl-seed0"),
@@ -69,38 +90,70 @@ def test_a_killed_training_run_resumes_inside_the_sweep(store, tmp_path, capsys)
     assert (out / "xl-seed0" / "checkpoints" / "step_00000003").is_dir() and (out / "eval" / "xl-seed0-3-none.json").exists()
 
 
+def test_a_failing_job_stops_the_sweep_with_its_command(store, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sw"
+    real = rpt.cli.main
+    monkeypatch.setattr(rpt.cli, "main", lambda argv: 1 if argv[0] == "eval" else real(argv))
+    assert real(["sweep", "--out", str(out), "--variants", "xl,griffin", "--seeds", "0", "--no-progress", "--", *SMALL,
+                 "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "sweep stopped: eval xl seed 0 none failed (exit 1)" in err and "rpt eval --checkpoint" in err
+    assert (out / "xl-seed0" / "checkpoints" / "step_00000003").is_dir()
+    assert not (out / "griffin-seed0").exists() and not (out / "compare.md").exists()
+
+
 def test_dry_run_prints_every_command_and_marks_the_done_ones(store, tmp_path, capsys):
     out = tmp_path / "sw"
+    done = out / "griffin-seed3" / "checkpoints" / "step_00000003" / "state.json"
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
     assert sweep(out, store, "--dry-run", variants="xl,griffin", seeds="3") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:] == [
         f"rpt train {' '.join(SMALL)} --store {store} --variant xl --seed 3 --out {out}/xl-seed3 --no-progress",
         f"rpt eval --checkpoint {out}/xl-seed3/checkpoints/step_00000003 --store {store} --split test --source none "
         f"--memory auto --out {out}/eval/xl-seed3-3-none.json --no-progress",
-        f"rpt train {' '.join(SMALL)} --store {store} --variant griffin --seed 3 --out {out}/griffin-seed3 --no-progress",
+        f"# done: rpt train {' '.join(SMALL)} --store {store} --variant griffin --seed 3 --out {out}/griffin-seed3 "
+        "--no-progress",
         f"rpt eval --checkpoint {out}/griffin-seed3/checkpoints/step_00000003 --store {store} --split test --source none "
         f"--memory auto --out {out}/eval/griffin-seed3-3-none.json --no-progress"]
-    assert not out.exists()
+    assert not (out / "eval").exists()
 
 
 @pytest.mark.parametrize("flags, train, needle", [
     (["--variants", "xl,nope"], [], "--variants 'xl,nope'"),
-    (["--variants", "rpt-sem"], [], "variant rpt-sem needs training labels: pass --labels-sem"),
+    (["--variants", "rpt-sem"], [], "variant rpt-sem needs training labels: pass --labels-sem, made by `rpt label "),
     (["--seeds", "0,0"], [], "--seeds '0,0'"),
     (["--test-labels", "/nowhere"], [], "--test-labels /nowhere: not a label store"),
     ([], ["--seed", "4"], "--seed among the train arguments"),
+    ([], ["--stop", "1"], "--stop 1 is not a flag of `rpt train`"),  # no abbreviation of a flag the sweep controls
     ([], ["--bogus", "1"], "--bogus 1 is not a flag of `rpt train`"),
+    ([], ["--set", "train.seed=5"], "--set train.seed=5 among the train arguments overrides the sweep's own"),
+    ([], ["--set", "model.variant=griffin"], "--set model.variant=griffin among the train arguments"),
     ([], ["--set", "model.cca_layers=[9]"], "cca_layers"),
+    # labels of 512-token spans for 256-token training: refused before xl trains
+    (["--labels-lex", "STORE/labels/train-lex-512"], ["--seq-len", "256"], "retro: labels"),
+    ([], ["--set", "data.seq_len=100000000"], "is available"),  # a step that cannot fit in memory
 ])
 def test_bad_input_is_one_line_before_any_work(store, tmp_path, capsys, flags, train, needle):
     args = {"--variants": "xl,retro", "--seeds": "0"}
     for k, v in zip(flags[::2], flags[1::2], strict=True):
-        args[k] = v
+        args[k] = v.replace("STORE", str(store))
     argv = ["sweep", "--out", str(tmp_path / "sw"), *[x for kv in args.items() for x in kv], "--", *SMALL, "--store",
             str(store), *train]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "sw").exists()
+
+
+def test_test_labels_of_another_kind_are_refused_before_any_work(store, tmp_path, capsys):
+    lex = tmp_path / "test-lex"  # the oracle needs the scorer's labels (sem)
+    assert main(["label", "--store", str(store), "--split", "test", "--kind", "lex", "--span", "doc", "--segment-len",
+                 "64", "--out", str(lex), "--no-progress"]) == 0
+    assert sweep(tmp_path / "sw", store, "--test-labels", str(lex), variants="xl,retro") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"labels {lex} are of kind lex, asked for kind sem" in err[0]
     assert not (tmp_path / "sw").exists()
 
 

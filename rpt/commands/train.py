@@ -104,13 +104,16 @@ def _store_vocab(store_root: str) -> int:
     return int(tok["vocab_size"])
 
 
-def default_labels(store_root: str, variant: str, seq_len: int) -> Path | None:
-    """The label folder `rpt label` writes by default for this variant: sem for rpt-sem, lex (else sem) otherwise."""
+def default_labels(store_root: str, variant: str, seq_len: int, given: dict[str, Path] | None = None) -> Path | None:
+    """The training labels of a variant: sem for rpt-sem, lex (else sem) for retro and rpt-lex; of each kind first the
+    folder given for it (`given`: kind -> folder), then the one `rpt label` writes by default. None if none exists."""
     from rpt.labels.store import default_label_path
     from rpt.model.registry import spec
 
     kinds = {None: [], "sem": ["sem"]}.get(spec(variant).labels, ["lex", "sem"])
     for kind in kinds:
+        if given and kind in given:
+            return Path(given[kind])
         path = default_label_path(store_root, "train", kind, seq_len)
         if (path / "manifest.json").exists():
             return path

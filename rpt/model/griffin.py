@@ -358,7 +358,8 @@ class Griffin(SegmentDecoder):
         if "R" not in cfg.griffin_pattern[: cfg.n_layers]:
             return 0
         L = SCAN_CHUNK
-        return 3 * 4 * min(SCAN_BLOCK_ELEMENTS, batch * -(-T // L) * L * L * rnn_width(cfg))
+        one_chunk = batch * L * L * rnn_width(cfg)  # a block holds at least one chunk, whatever the cap
+        return 3 * 4 * max(one_chunk, min(SCAN_BLOCK_ELEMENTS, one_chunk * -(-T // L)))
 
     def init_extra(self, seed: int) -> None:
         self._init_lambda(seed)
