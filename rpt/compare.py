@@ -188,6 +188,8 @@ def paper_row(s: Setting, source: str | None = None, base_xl: Setting | None = N
         if c.get("model.gate") == "none":
             return "RPT-Sem - No Neighbor Gating"
         return {3: "RPT-Sem w. 3 neighbours", 4: "RPT-Sem w. 4 neighbours"}.get(s.k, "RPT-Sem")
+    if v == "rpt-lex" and (c.get("train.ss_schedule", "anneal") != "anneal" or c.get("model.gate") == "none"):
+        return None  # the paper's ablations (Table 4) are of RPT-Sem only
     if v == "memorizing":
         return {32768: "Memorizing Transformer (32K)", 65536: "Memorizing Transformer (65K)"}.get(c.get("model.memory_tokens"))
     return {"xl": "Transformer-XL", "retro": "RETRO w. BM25", "rpt-lex": "RPT-Lex",

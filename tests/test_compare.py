@@ -153,3 +153,5 @@ def test_final_pairs_a_model_with_the_xl_trained_as_long_and_other_xl_settings_g
     assert rows["retro"]["vs_xl"][0] == pytest.approx(72.0 / 80.0)  # the 200-update xl, not the plain 100-update one
     other = next(r for label, r in rows.items() if "n_layers=6" in label)
     assert "paper" not in other  # two more layers, but another lr too: not the paper's "+2 layers" row
+    lex_gold = result("rpt-lex", 0, "model", 60.0, train__ss_schedule="gold")
+    assert paper_row(group_settings([lex_gold])[0]) is None  # Table 4's ablations are of RPT-Sem only
