@@ -48,12 +48,17 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = fmt
 
 
+def command_line(argv: list[str]) -> str:
+    """`rpt <argv>` as a shell line, quoted where needed."""
+    import shlex
+
+    return "rpt " + " ".join(shlex.quote(a) for a in argv)
+
+
 def run_verb(argv: list[str], log: list[str] | None = None) -> int:
     """Run `rpt <argv>` in this process, printing the command first (and appending it to `log`); returns the exit
     code. Ctrl-C inside the verb stops the caller too."""
-    import shlex
-
-    line = "rpt " + " ".join(shlex.quote(a) for a in argv)
+    line = command_line(argv)
     print(f"\n$ {line}", flush=True)
     if log is not None:
         log.append(line)

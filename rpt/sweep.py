@@ -165,26 +165,33 @@ def _check_result(path: Path, checkpoint: Path, step: int, source: str, s: Sweep
                         "another --out")
 
 
-def _check_inputs(s: SweepSettings, variant: str, cfg, args: argparse.Namespace, labels: Path | None,
-                  test_labels: Path | None) -> None:
-    """What `rpt train` / `rpt eval` would refuse hours into the sweep, refused now: labels that do not fit the store
-    and config, a step that does not fit in memory, test labels that miss a document evaluated."""
+def _check_test_labels(s: SweepSettings, cfg, test_labels: Path) -> None:
+    """Test labels that do not fit the test split or miss a document evaluated, refused before any work."""
+    from rpt.data.store import StoreError
+    from rpt.eval.perplexity import open_eval_labels
+    from rpt.train.data import open_store
+
+    try:
+        test = open_store(cfg.data.store, "test")
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    n = len(test) if not s.max_documents else min(s.max_documents, len(test))
+    open_eval_labels(test_labels, test, cfg.model.segment_len, list(range(n)))
+
+
+def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | None) -> None:
+    """What `rpt train` would refuse hours into the sweep, refused now: labels that do not fit the store and config,
+    a step that does not fit in memory."""
     import torch
 
     from rpt.data.store import StoreError
-    from rpt.eval.perplexity import open_eval_labels
     from rpt.labels.store import LabelError
     from rpt.train.data import LabelMismatch, check_labels, open_labels, open_store
     from rpt.train.memory import check_fits
 
     try:
-        store = open_store(cfg.data.store, "train")
         if labels is not None:
-            check_labels(open_labels(labels), store, cfg)
-        if test_labels is not None:
-            test = open_store(cfg.data.store, "test")
-            n = len(test) if not s.max_documents else min(s.max_documents, len(test))
-            open_eval_labels(test_labels, test, cfg.model.segment_len, list(range(n)))
+            check_labels(open_labels(labels), open_store(cfg.data.store, "train"), cfg)
     except (StoreError, LabelError, LabelMismatch) as e:
         raise UserError(f"{variant}: {e}") from None
     if not args.no_memory_check:
@@ -221,7 +228,9 @@ def plan(s: SweepSettings) -> Plan:
             kind = "sem --scorer RUN" if spec(v).labels == "sem" else "lex"
             raise UserError(f"variant {v} needs training labels: pass {flag}, made by `rpt label --store {store} "
                             f"--split train --kind {kind} --span {seq_len} --segment-len {cfg.model.segment_len}`")
-        _check_inputs(s, v, cfg, args, labels[v], test_labels if spec(v).neighbours != "none" else None)
+        _check_inputs(v, cfg, args, labels[v])
+    if test_labels is not None and any(spec(v).neighbours != "none" for v in s.variants):
+        _check_test_labels(s, first, test_labels)
 
     common = (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
     jobs, results = [], []
@@ -255,9 +264,7 @@ def plan(s: SweepSettings) -> Plan:
 
 def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
     """Run (or with dry_run only print) every job not yet done, then tabulate; returns the `rpt compare` table."""
-    import shlex
-
-    from rpt.cli import run_verb
+    from rpt.cli import command_line, run_verb
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("rpt sweep runs in one process: start it without torchrun (each `rpt train` it runs uses one "
@@ -269,7 +276,7 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
           + ("" if p.test_labels else "; no test labels: no oracle, no retrieval metrics"), flush=True)
     if dry_run:
         for j in p.jobs:
-            print(("# done: " if j.done.exists() else "") + "rpt " + " ".join(shlex.quote(a) for a in j.argv))
+            print(("# done: " if j.done.exists() else "") + command_line(j.argv))
         return None
     s.out.mkdir(parents=True, exist_ok=True)
     for i, j in enumerate(p.jobs, 1):
