@@ -7,6 +7,7 @@ type is a `ConfigError` naming the dotted key (``model.d_model``), never a silen
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -19,6 +20,7 @@ import yaml
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
 Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
 RETRIEVING = ("retro", "rpt-lex", "rpt-sem")  # the variants with chunked cross-attention (the rest read no neighbours)
+QK_MATCH_GAP = 2.56  # nats an identical state scores above an orthogonal one under the copy prior (RPTConfig.qk_match_std)
 RPT_VARIANTS = ("xl", *RETRIEVING)  # the variants of the one RPT class (rpt.model.rpt); the rest are the baselines
 
 
@@ -67,13 +69,15 @@ class ModelConfig:
     cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
     cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16 = one-hot in head 0 (docs/results.md)
     cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
-    # CCA's query and key projections: independent draws | one shared draw of std cca_qk_match_std, so that a query
-    # token starts out attending to neighbour tokens whose (normalised) states resemble its own ("find my token")
-    cca_qk_init: Literal["random", "match"] = "random"
-    cca_qk_match_std: float = 0.1
-    # CCA's value and output projections: independent draws | "identity": out @ value = cca_ov_scale * I (an orthogonal
-    # draw and its transpose), so a read neighbour token's state is added to the query's residual as it is
-    cca_ov_init: Literal["random", "identity"] = "random"
+    # The copy prior (docs/results.md §1e; the default since it made every seed read its code neighbours):
+    # CCA's query and key projections: one shared draw of std qk_match_std, so that a query token starts out
+    # attending to neighbour tokens whose (normalised) states resemble its own ("find my token") | independent draws
+    cca_qk_init: Literal["random", "match"] = "match"
+    cca_qk_match_std: float = 0.0  # 0: scaled with the width so an identical state scores 2.56 nats above an orthogonal
+    #                                one at every width (0.1 at the tiny preset, where the prior was measured)
+    # CCA's value and output projections: "identity": out @ value = cca_ov_scale * I (an orthogonal draw and its
+    # transpose), so a read neighbour token's state is added to the query's residual as it is | independent draws
+    cca_ov_init: Literal["random", "identity"] = "identity"
     cca_ov_scale: float = 0.05
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
@@ -107,6 +111,16 @@ class ModelConfig:
         """The block-recurrent layer: as configured, else n_layers - 3 (index 9 of 12, as Hutchins et al.), never below
         the middle layer."""
         return self.recurrent_layer if self.recurrent_layer >= 0 else max(self.n_layers // 2, self.n_layers - 3)
+
+    @property
+    def qk_match_std(self) -> float:
+        """The std of the copy prior's shared query/key draw. A logit between normalised states x, y (|x|^2 = D) is
+        about sqrt(E) std^2 <x, y> for head width E, so an identical state scores sqrt(E) std^2 D above an orthogonal
+        one: the automatic std keeps that at 2.56 nats (std 0.1 at D = 64, E = 16) instead of letting it grow with
+        the width (41 nats at the small preset with a fixed 0.1, a near-hard argmax)."""
+        if self.cca_qk_match_std > 0:
+            return self.cca_qk_match_std
+        return math.sqrt(QK_MATCH_GAP / (math.sqrt(self.head_dim) * self.d_model))
 
     @property
     def n_lower(self) -> int:

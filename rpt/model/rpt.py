@@ -135,7 +135,7 @@ class RPT(TiedLM, nn.Module):
     def _cca_copy_prior(self, seed: int) -> None:
         """The copy prior on CCA's projections (docs/results.md §1e), each half an option:
 
-        cca_qk_init="match": the query and key projections start as one draw W of std cca_qk_match_std, so a logit
+        cca_qk_init="match": the query and key projections start as one draw W of std cfg.qk_match_std, so a logit
         is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the neighbour tokens whose
         normalised states are most like its own (with the shifted values, it reads what followed its own token
         there). With std 0.1 and D = 64 an identical state scores ~2.6 nats above an orthogonal one. The
@@ -155,7 +155,7 @@ class RPT(TiedLM, nn.Module):
             a = cca.attn
             with torch.no_grad():
                 if cfg.cca_qk_init == "match":
-                    w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * cfg.cca_qk_match_std
+                    w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * cfg.qk_match_std
                     a.q.weight.copy_(w)
                     a.kv.weight[:D].copy_(w)
                 if cfg.cca_ov_init == "identity":

@@ -342,13 +342,13 @@ def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
 
 
 def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V), seed=3)
-    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="match"), seed=3)
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="random"), seed=3)
+    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="match", cca_ov_init="random"), seed=3)
     D = base.cfg.d_model
     for i in base.cfg.cca_layers:
         a = match.layers[i].cca.attn
         assert torch.equal(a.q.weight, a.kv.weight[:D])
-        assert abs(a.q.weight.std().item() - base.cfg.cca_qk_match_std) < 0.01
+        assert abs(a.q.weight.std().item() - 0.1) < 0.01  # the automatic std at the tiny preset
         assert torch.equal(a.kv.weight[D:], base.layers[i].cca.attn.kv.weight[D:])  # values as before
     changed = {n for (n, p), (_, q) in zip(base.named_parameters(), match.named_parameters(), strict=True)
                if not torch.equal(p, q)}
@@ -361,9 +361,19 @@ def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
     assert (logits.argmax(1) == torch.arange(8)).all()
 
 
+def test_the_copy_prior_is_the_default_and_its_match_gap_does_not_grow_with_width():
+    for preset in ("tiny", "small", "250m"):
+        cfg = RPTConfig.from_preset(preset, variant="rpt-sem", vocab_size=V).model
+        assert (cfg.cca_qk_init, cfg.cca_ov_init) == ("match", "identity")
+        gap = cfg.head_dim**0.5 * cfg.qk_match_std**2 * cfg.d_model  # identical vs orthogonal normalised states
+        assert abs(gap - 2.56) < 1e-6, preset
+    assert abs(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V).model.qk_match_std - 0.1) < 1e-9
+    assert RPTConfig.from_preset("small", variant="retro", vocab_size=V, cca_qk_match_std=0.3).model.qk_match_std == 0.3
+
+
 def test_cca_identity_ov_init_passes_a_read_state_through():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V), seed=3)
-    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_ov_init="identity"), seed=3)
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="random"), seed=3)
+    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="identity"), seed=3)
     D, s = base.cfg.d_model, base.cfg.cca_ov_scale
     for i in base.cfg.cca_layers:
         a = ov.layers[i].cca.attn
