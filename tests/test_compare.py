@@ -92,7 +92,7 @@ def test_files_and_folders_and_errors(tmp_path, capsys):
 
 def test_step_filter_defaults_for_old_results_and_unpaired_ratios():
     old = result("retro", 0, "bm25", 90.0, step=200)
-    del old["config"]["model"]["cca_qk_init"]  # written before the field existed: it ran with the default
+    del old["config"]["model"]["cca_positions"]  # written before the field existed: it ran with the default
     rs = [old, result("retro", 0, "none", 99.0, step=200), result("retro", 1, "bm25", 80.0, step=200),
           result("retro", 1, "none", 96.0, step=200), result("xl", 0, "none", 100.0, step=200),
           result("retro", 0, "bm25", 50.0, step=400, train__loss_chunk=0)]
@@ -155,3 +155,22 @@ def test_final_pairs_a_model_with_the_xl_trained_as_long_and_other_xl_settings_g
     assert "paper" not in other  # two more layers, but another lr too: not the paper's "+2 layers" row
     lex_gold = result("rpt-lex", 0, "model", 60.0, train__ss_schedule="gold")
     assert paper_row(group_settings([lex_gold])[0]) is None  # Table 4's ablations are of RPT-Sem only
+
+
+def test_fields_a_variant_never_reads_and_changed_defaults_do_not_split_a_setting():
+    """CCA's init is not read by xl or a baseline: runs made before and after the copy prior became the default are
+    one setting. A retro result written before the init fields existed ran with the former default (random), so it
+    stays apart from a retro run with the prior; an automatic q/k std (0) equals the explicit 0.1 it resolves to."""
+    def old(r):  # a config written before the copy prior's fields existed
+        for key in ("cca_qk_init", "cca_ov_init", "cca_qk_match_std"):
+            r["config"]["model"].pop(key)
+        return r
+
+    rs = [old(result("griffin", 0, "none", 60.0)), result("griffin", 1, "none", 62.0),
+          old(result("xl", 0, "none", 100.0)), result("xl", 1, "none", 104.0, model__gate="clamp"),
+          old(result("retro", 0, "bm25", 90.0)), result("retro", 1, "bm25", 95.0),
+          result("retro", 2, "bm25", 97.0, model__cca_qk_match_std=0.1)]
+    settings = {s.label: sorted(s.ppl[next(iter(s.ppl))]) for s in group_settings(rs)}
+    assert settings == {"griffin": [0, 1], "xl": [0, 1],
+                        "retro (cca_ov_init=random, cca_qk_init=random)": [0],
+                        "retro (cca_ov_init=identity, cca_qk_init=match)": [1, 2]}
