@@ -309,7 +309,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
         rng=_torch_load(path / "rng.pt"),
         data=state["data"],
         metrics=state.get("metrics", {}),
-        config=RPTConfig.from_yaml(path / "config.yaml"),
+        config=RPTConfig.from_yaml(path / "config.yaml", recorded=True),
     )
 
 
@@ -337,7 +337,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def checkpoint_config(folder: Path) -> RPTConfig:
     for cand in (folder / "config.yaml", folder.parent.parent / "config.yaml"):
         if cand.is_file():
-            return RPTConfig.from_yaml(cand)
+            return RPTConfig.from_yaml(cand, recorded=True)
     raise UserError(f"checkpoint {folder} has no config.yaml")
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpt.config import RETRIEVING, VARIANTS, ModelConfig, RPTConfig
+from rpt.config import VARIANTS, RPTConfig, effective_fields, flat_config, with_former_defaults
 from rpt.utils import UserError
 
 DOMAINS = ("arxiv", "code", "pg19", "books3")
@@ -65,23 +65,7 @@ PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.
 # same function: tests/model), and the training config's own eval section (the eval run's settings are in "eval")
 _IGNORED = ("train.seed", "train.out_dir", "train.log_every", "train.checkpoint_every", "train.keep_last",
             "train.tensorboard", "train.loss_chunk")
-# fields only the retrieving variants read: two xl or baseline runs that differ only there are one setting
-_RETRIEVAL_ONLY = ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors", "train.tau_max",
-                   "train.alpha_", "train.ss_", "train.neighbour_lr_scale", "train.gate_hold_steps")
-# fields whose default changed: a result written before the field existed ran with the former default, not today's
-_FORMER_DEFAULTS = {"model.cca_qk_init": "random", "model.cca_ov_init": "random", "model.cca_qk_match_std": 0.1}
 METRICS = ("precision@2", "recall@10", "ndcg@20")
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = json.dumps(v) if isinstance(v, list) else v
-    return out
 
 
 def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
@@ -125,15 +109,10 @@ class Setting:
 
 def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     settings: dict[tuple, Setting] = {}
-    defaults = {**_flat(RPTConfig().to_dict()), **_FORMER_DEFAULTS}  # for results written before a field existed
+    defaults = flat_config(RPTConfig().to_dict())  # a result written before a field existed ran with its default then
     for r in results:
-        flat = {k: v for k, v in {**defaults, **_flat(r["config"])}.items()
-                if k not in _IGNORED and not k.startswith("eval.")}
-        if flat["model.variant"] not in RETRIEVING:
-            flat = {k: v for k, v in flat.items() if not k.startswith(_RETRIEVAL_ONLY)}
-        elif not flat.get("model.cca_qk_match_std"):  # 0: the width's automatic std, compared as its value
-            flat["model.cca_qk_match_std"] = ModelConfig(d_model=flat["model.d_model"],
-                                                         n_heads=flat["model.n_heads"]).qk_match_std
+        flat = effective_fields({k: v for k, v in {**defaults, **flat_config(with_former_defaults(r["config"]))}.items()
+                                 if k not in _IGNORED and not k.startswith("eval.")})
         k = int(r["eval"]["n_neighbors"])
         split = r["eval"].get("split")
         key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
@@ -161,7 +140,9 @@ def _label(settings: list[Setting]) -> None:
         by_variant[s.variant].append(s)
     for group in by_variant.values():
         keys = sorted({k for s in group for k in s.config})
-        differing = [k for k in keys if len({json.dumps(s.config.get(k)) for s in group}) > 1]
+        # a key some settings lack is one they do not read (its presence follows from a key they all have)
+        differing = [k for k in keys if all(k in s.config for s in group)
+                     and len({json.dumps(s.config[k]) for s in group}) > 1]
         for s in group:
             extra = [f"{k.split('.', 1)[1]}={s.config.get(k)}" for k in differing]
             if len({g.step for g in group}) > 1 and not all(g.step == g.config.get("train.steps") for g in group):

@@ -7,6 +7,7 @@ type is a `ConfigError` naming the dotted key (``model.d_model``), never a silen
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import types
@@ -20,7 +21,10 @@ import yaml
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
 Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
 RETRIEVING = ("retro", "rpt-lex", "rpt-sem")  # the variants with chunked cross-attention (the rest read no neighbours)
-QK_MATCH_GAP = 2.56  # nats an identical state scores above an orthogonal one under the copy prior (RPTConfig.qk_match_std)
+QK_MATCH_GAP = 2.56  # nats an identical state scores above an orthogonal one under the copy prior (ModelConfig.qk_match_std)
+# Fields whose default changed. A config that rpt recorded for a run (a run folder's or checkpoint's config.yaml, an
+# eval result) before such a field existed ran with its former default, not today's: read with `recorded=True`.
+FORMER_DEFAULTS = {"model.cca_qk_init": "random", "model.cca_ov_init": "random", "model.cca_qk_match_std": 0.1}
 RPT_VARIANTS = ("xl", *RETRIEVING)  # the variants of the one RPT class (rpt.model.rpt); the rest are the baselines
 
 
@@ -146,6 +150,8 @@ class ModelConfig:
             raise ConfigError(f"model.cca_layers {bad} are not upper-decoder layers [{self.n_lower}, {self.n_layers})")
         if self.n_neighbors < 1:
             raise ConfigError("model.n_neighbors must be >= 1")
+        if self.cca_qk_match_std < 0:
+            raise ConfigError(f"model.cca_qk_match_std must be >= 0 (0: scaled with the width), not {self.cca_qk_match_std}")
         for key in ("memory_layer", "recurrent_layer"):
             i = getattr(self, key)
             if not -1 <= i < self.n_layers:
@@ -253,8 +259,9 @@ class RPTConfig:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
-        """A YAML file, or YAML text (anything with a newline)."""
+    def from_yaml(cls, path_or_text: str | Path, recorded: bool = False) -> RPTConfig:
+        """A YAML file, or YAML text (anything with a newline). `recorded`: a config rpt wrote for a run, whose
+        missing fields predate it and take their former defaults (FORMER_DEFAULTS) where those differ from today's."""
         is_text = isinstance(path_or_text, str) and "\n" in path_or_text
         if not is_text and not Path(path_or_text).is_file():
             raise ConfigError(f"config file {path_or_text} not found")
@@ -266,9 +273,62 @@ class RPTConfig:
         if base is not None and base not in PRESETS:
             raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
         cfg_dict = PRESETS[base]() if base else {}
+        if recorded:
+            data = with_former_defaults(data)
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {"section.key": value}, lists as JSON text (comparable, hashable)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_config(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+# what only some variants read ("section.key" prefixes): two runs that differ only in fields their variant never reads
+# computed the same thing (resume, the sweep's check and `rpt compare` treat them as one setting)
+_READ_ONLY_BY = {
+    RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors"),
+    ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_"),  # the retrieval loss, scheduled sampling
+    ("memorizing",): ("model.memory_",),
+    ("block-recurrent",): ("model.recurrent_",),
+    ("griffin",): ("model.griffin_",),
+}
+
+
+def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config (`flat_config`) without the fields its variant never reads, and with automatic values resolved:
+    what decides what the run computes. (train.neighbour_lr_scale and train.gate_hold_steps touch only CCA and the
+    gate, which only the retrieving variants have.)"""
+    variant = flat["model.variant"]
+    unread = tuple(p for readers, prefixes in _READ_ONLY_BY.items() if variant not in readers for p in prefixes)
+    if variant not in RETRIEVING:
+        unread += ("train.neighbour_lr_scale", "train.gate_hold_steps")
+    out = {k: v for k, v in flat.items() if not k.startswith(unread)}
+    if out.get("model.cca_qk_init") != "match":
+        out.pop("model.cca_qk_match_std", None)
+    elif not out.get("model.cca_qk_match_std"):  # 0: the width's automatic std, compared as its value
+        out["model.cca_qk_match_std"] = ModelConfig(d_model=out["model.d_model"], n_heads=out["model.n_heads"]).qk_match_std
+    if out.get("model.cca_ov_init") != "identity":
+        out.pop("model.cca_ov_scale", None)
+    return out
+
+
+def with_former_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (nested dict) with each field of FORMER_DEFAULTS it lacks set to that former default."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for key, value in FORMER_DEFAULTS.items():
+        section, name = key.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].setdefault(name, value)
+    return out
 
 
 T = TypeVar("T")

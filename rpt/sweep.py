@@ -118,9 +118,10 @@ def eval_sources(variant: str, with_test_labels: bool) -> list[str]:
 
 
 def _flat_config(cfg) -> dict[str, Any]:
-    from rpt.compare import _flat
+    from rpt.config import effective_fields, flat_config
 
-    return {k: v for k, v in _flat(cfg.to_dict()).items() if k not in BOOKKEEPING and not k.startswith("eval.")}
+    return effective_fields({k: v for k, v in flat_config(cfg.to_dict()).items()
+                             if k not in BOOKKEEPING and not k.startswith("eval.")})
 
 
 def _check_run(run: Path, cfg) -> None:
@@ -131,7 +132,7 @@ def _check_run(run: Path, cfg) -> None:
     if not done.is_file():
         return
     try:
-        old = _flat_config(RPTConfig.from_yaml(done.read_text()))
+        old = _flat_config(RPTConfig.from_yaml(done.read_text(), recorded=True))
     except Exception as e:  # a config of an older version or a damaged file: say which
         raise UserError(f"{done}: cannot be read as a run config ({e}); move {run} away to train it again") from None
     new = _flat_config(cfg)

@@ -174,3 +174,10 @@ def test_fields_a_variant_never_reads_and_changed_defaults_do_not_split_a_settin
     assert settings == {"griffin": [0, 1], "xl": [0, 1],
                         "retro (cca_ov_init=random, cca_qk_init=random)": [0],
                         "retro (cca_ov_init=identity, cca_qk_init=match)": [1, 2]}
+
+
+def test_init_scales_that_their_init_does_not_read_and_losses_retro_does_not_have_do_not_split():
+    rs = [result("retro", 0, "bm25", 90.0, model__cca_qk_init="random", model__cca_ov_init="random"),
+          result("retro", 1, "bm25", 95.0, model__cca_qk_init="random", model__cca_ov_init="random",
+                 model__cca_qk_match_std=0.3, model__cca_ov_scale=0.2, train__alpha_ret=0.5, train__ss_schedule="gold")]
+    assert [sorted(s.ppl["bm25"]) for s in group_settings(rs)] == [[0, 1]]

@@ -1,5 +1,7 @@
 import pytest
+import yaml
 
+from rpt.checkpoint import checkpoint_config
 from rpt.config import PRESETS, ConfigError, RPTConfig
 
 
@@ -55,3 +57,43 @@ def test_variants_without_cca_do_not_check_cca_layers():
     assert cfg.model.n_layers == 17
     with pytest.raises(ConfigError, match="cca_layers"):
         RPTConfig.from_preset("250m", variant="rpt-sem", n_layers=17)
+
+
+def test_a_recorded_config_missing_a_field_whose_default_changed_gets_the_former_default(tmp_path):
+    """A run folder written before the copy prior's fields existed ran with the random init: read as recorded, it
+    says so (checkpoint loading, resume and the sweep's check read it that way); a config a user writes gets today's
+    default. A field the recorded config does have is kept."""
+    cfg = RPTConfig.from_preset("tiny", variant="retro")
+    d = cfg.to_dict()
+    for key in ("cca_qk_init", "cca_ov_init", "cca_qk_match_std"):
+        del d["model"][key]
+    old = yaml.safe_dump(d)
+    assert (RPTConfig.from_yaml(old).model.cca_qk_init, RPTConfig.from_yaml(old).model.cca_ov_init) == ("match", "identity")
+    rec = RPTConfig.from_yaml(old, recorded=True).model
+    assert (rec.cca_qk_init, rec.cca_ov_init, rec.cca_qk_match_std) == ("random", "random", 0.1)
+    d["model"]["cca_qk_init"] = "match"  # written after cca_qk_init existed, before cca_ov_init did
+    rec = RPTConfig.from_yaml(yaml.safe_dump(d), recorded=True).model
+    assert (rec.cca_qk_init, rec.cca_ov_init) == ("match", "random")
+    (tmp_path / "config.yaml").write_text(old)
+    assert checkpoint_config(tmp_path).model.cca_qk_init == "random"
+    with pytest.raises(ConfigError, match="cca_qk_match_std"):
+        RPTConfig.from_preset("tiny", variant="retro", cca_qk_match_std=-1.0)
+
+
+def test_resume_compares_only_the_model_fields_a_variant_reads():
+    """An xl or baseline run resumes whatever CCA's init says (it has no CCA); a retro run with another init, or any
+    run with another width, is refused by name. The automatic q/k std equals the explicit value it resolves to."""
+    from rpt.train.loop import _model_difference
+
+    def cfg(variant, **model):
+        return RPTConfig.from_preset("tiny", variant=variant, **model)
+
+    random_init = {"cca_qk_init": "random", "cca_ov_init": "random"}
+    assert _model_difference(cfg("xl", **random_init), cfg("xl")) == ""
+    assert _model_difference(cfg("griffin", gate="none", memory_topk=4), cfg("griffin")) == ""
+    assert _model_difference(cfg("retro", cca_qk_match_std=0.1), cfg("retro")) == ""
+    assert _model_difference(cfg("retro", **random_init, cca_ov_scale=0.3), cfg("retro", **random_init)) == ""
+    diff = _model_difference(cfg("retro", **random_init), cfg("retro"))
+    assert "model.cca_qk_init 'random' -> 'match'" in diff and "model.cca_ov_init" in diff
+    assert "model.griffin_conv 4 -> 3" in _model_difference(cfg("griffin"), cfg("griffin", griffin_conv=3))
+    assert "model.d_model" in _model_difference(cfg("xl"), cfg("xl", d_model=32, n_heads=2, mlp_hidden=64))

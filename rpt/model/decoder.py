@@ -51,7 +51,7 @@ class TiedLM:
     @classmethod
     def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
         """The largest working set a layer allocates and frees within its own forward or backward, on top of what is
-        saved (the pre-flight estimate): none for xl's layers; Griffin's scan blocks, the kNN layer's search scores."""
+        saved (the pre-flight estimate): none for xl's layers; Griffin's scan transients, the kNN layer's search scores."""
         return 0
 
     def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -352,12 +352,12 @@ class Griffin(SegmentDecoder):
 
     @classmethod
     def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
-        """The scan's fp32 transients for one R layer at a time, [B, T, R] each: the inputs in chunk order, exp(log a),
-        the intra-chunk states, the decays and the result in forward, about as many again (reversed copies) in
-        backward: eight."""
+        """The scan's fp32 transients for one R layer at a time, [B, T, R] each, at their peak in backward: the shifted
+        and flipped log a and gradient, their padded chunk-order copies, exp(log a), the intra-chunk states, the
+        decays, the result and its reshape: ten."""
         if "R" not in cfg.griffin_pattern[: cfg.n_layers]:
             return 0
-        return 8 * 4 * batch * T * rnn_width(cfg)
+        return 10 * 4 * batch * T * rnn_width(cfg)
 
     def init_extra(self, seed: int) -> None:
         self._init_lambda(seed)

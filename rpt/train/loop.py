@@ -30,7 +30,7 @@ from torch import nn
 
 from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
-from rpt.config import ModelConfig, RPTConfig
+from rpt.config import ModelConfig, RPTConfig, effective_fields, flat_config
 from rpt.data.store import StoreError
 from rpt.model.registry import spec
 from rpt.train import distributed as D
@@ -253,6 +253,14 @@ def _load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, cp: ckp
     set_optimizer_state_dict(model, optimizer, fqn, options=opts)
 
 
+def _model_difference(recorded: RPTConfig, cfg: RPTConfig) -> str:
+    """The model fields (those the variant reads, `effective_fields`) in which a run's recorded config and this one
+    differ, as "key recorded -> now; ..."; empty if none."""
+    old, new = ({k: v for k, v in effective_fields(flat_config(c.to_dict())).items() if k.startswith("model.")}
+                for c in (recorded, cfg))
+    return "; ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+
+
 def _check_config(cfg: RPTConfig) -> None:
     cfg.validate()
     t = cfg.train
@@ -320,8 +328,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     if last is not None and not resume:
         raise ValueError(f"{out_dir} already holds checkpoints (newest {last.name}): resume, or choose another out_dir")
     cp = ckpt_io.load(last) if last is not None else None
-    if cp is not None and cp.config.model != mcfg:
-        raise ValueError(f"{last} was trained with another model config; resume with the same model or another out_dir")
+    if cp is not None and (diff := _model_difference(cp.config, cfg)):
+        raise ValueError(f"{last} was trained with another model config ({diff}); resume with the same model or "
+                         "another out_dir")
 
     # ---- model, optimiser, state
     _seed_everything(tc.seed)

@@ -15,7 +15,7 @@ its backward pass, in bytes:
   per token (scores and probabilities; the window is 2S); GPU kernels (flash / memory-efficient) keep none. Each
   model class counts its own layers (`layer_activation_elements`): the baselines add the kNN layer's retrieved
   keys and values (memorizing), the state cell (block-recurrent), and count Griffin's recurrent blocks as such,
-  plus the largest working set a layer allocates and frees inside itself (`temporary_bytes`: Griffin's scan blocks,
+  plus the largest working set a layer allocates and frees inside itself (`temporary_bytes`: Griffin's scan transients,
   the kNN search's scores);
 - **retrieval** (retrieving variants): per token its 2K neighbour tokens (K neighbours of 2M tokens per M-token
   chunk) with their query-augmentation block (about 8 D and two [H, M] score rows each), per CCA layer their keys and
