@@ -295,7 +295,8 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # what only some variants read ("section.key" prefixes): two runs that differ only in fields their variant never reads
 # computed the same thing (resume, the sweep's check and `rpt compare` treat them as one setting)
 _READ_ONLY_BY = {
-    RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors"),
+    RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
+                 "train.neighbour_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
     ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_"),  # the retrieval loss, scheduled sampling
     ("memorizing",): ("model.memory_",),
     ("block-recurrent",): ("model.recurrent_",),
@@ -305,12 +306,9 @@ _READ_ONLY_BY = {
 
 def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
     """A flat config (`flat_config`) without the fields its variant never reads, and with automatic values resolved:
-    what decides what the run computes. (train.neighbour_lr_scale and train.gate_hold_steps touch only CCA and the
-    gate, which only the retrieving variants have.)"""
+    what decides what the run computes."""
     variant = flat["model.variant"]
     unread = tuple(p for readers, prefixes in _READ_ONLY_BY.items() if variant not in readers for p in prefixes)
-    if variant not in RETRIEVING:
-        unread += ("train.neighbour_lr_scale", "train.gate_hold_steps")
     out = {k: v for k, v in flat.items() if not k.startswith(unread)}
     if out.get("model.cca_qk_init") != "match":
         out.pop("model.cca_qk_match_std", None)
@@ -319,6 +317,11 @@ def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
     if out.get("model.cca_ov_init") != "identity":
         out.pop("model.cca_ov_scale", None)
     return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys in which two flat configs differ, each as "key old -> new", sorted."""
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
 def with_former_defaults(config: dict[str, Any]) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def _flat_config(cfg) -> dict[str, Any]:
 
 def _check_run(run: Path, cfg) -> None:
     """A run folder that exists was started with the config planned now (else it would resume another run)."""
-    from rpt.config import RPTConfig
+    from rpt.config import RPTConfig, config_differences
 
     done = run / "config.yaml"
     if not done.is_file():
@@ -136,7 +136,7 @@ def _check_run(run: Path, cfg) -> None:
     except Exception as e:  # a config of an older version or a damaged file: say which
         raise UserError(f"{done}: cannot be read as a run config ({e}); move {run} away to train it again") from None
     new = _flat_config(cfg)
-    diff = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    diff = config_differences(old, new)
     if diff:
         raise UserError(f"{done}: this run was trained with other settings ({'; '.join(diff[:3])}"
                         f"{'; ...' if len(diff) > 3 else ''}): use another --out, or move {run} away")

@@ -30,7 +30,7 @@ from torch import nn
 
 from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
-from rpt.config import ModelConfig, RPTConfig, effective_fields, flat_config
+from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
 from rpt.data.store import StoreError
 from rpt.model.registry import spec
 from rpt.train import distributed as D
@@ -258,7 +258,7 @@ def _model_difference(recorded: RPTConfig, cfg: RPTConfig) -> str:
     differ, as "key recorded -> now; ..."; empty if none."""
     old, new = ({k: v for k, v in effective_fields(flat_config(c.to_dict())).items() if k.startswith("model.")}
                 for c in (recorded, cfg))
-    return "; ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+    return "; ".join(config_differences(old, new))
 
 
 def _check_config(cfg: RPTConfig) -> None:
