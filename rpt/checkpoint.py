@@ -341,13 +341,22 @@ def checkpoint_config(folder: Path) -> RPTConfig:
     raise UserError(f"checkpoint {folder} has no config.yaml")
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, RPTConfig]:
+def load_model(path: str | Path, device: torch.device | str = "cpu",
+               memory_tokens: int | None = None) -> tuple[torch.nn.Module, RPTConfig]:
     """(model in eval mode on `device`, its config) from a checkpoint (see `resolve_checkpoint`). Reads only the
-    weights and the config, never the optimiser state."""
+    weights and the config, never the optimiser state. `memory_tokens` (memorizing only) replaces the size of the
+    kNN memory: no weight depends on it, so one checkpoint gives the paper's 32K and 65K rows; the returned config
+    records the size used."""
     from rpt.model.registry import build_model
 
     folder = resolve_checkpoint(path)
     cfg = checkpoint_config(folder)
+    if memory_tokens is not None:
+        if cfg.model.variant != "memorizing":
+            raise UserError(f"--memory-tokens is for the memorizing variant; checkpoint {folder} is {cfg.model.variant}")
+        if memory_tokens < 1:
+            raise UserError(f"--memory-tokens must be >= 1, not {memory_tokens}")
+        cfg.model.memory_tokens = memory_tokens
     model = build_model(cfg.model)
     try:
         load_weights(model, folder)

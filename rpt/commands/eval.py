@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "needed by --source oracle, --metrics and --baseline")
     p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
                    help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU")
+    p.add_argument("--memory-tokens", type=int, metavar="N", help="memorizing: evaluate with a kNN memory of N "
+                   "tokens instead of the checkpoint's model.memory_tokens (no weight depends on it: 32768 gives the "
+                   "paper's 32K row from a 65K run); recorded in the result's config")
     p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>.json)")
     p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
                       bm25_statistics=args.bm25_stats, precision=args.precision, device=args.device,
-                      progress=not args.no_progress, retriever=args.retriever)
+                      progress=not args.no_progress, retriever=args.retriever,
+                      memory_tokens=args.memory_tokens)
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 writes and prints
     print(format_summary(result))

@@ -386,14 +386,14 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
              max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
              baseline: str | Path | None = None, bm25_statistics: Literal["causal", "document"] = "causal",
              precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True,
-             retriever: str | Path | None = None) -> dict[str, Any]:
+             retriever: str | Path | None = None, memory_tokens: int | None = None) -> dict[str, Any]:
     """`rpt eval`: perplexity of a checkpoint over the documents of a split, optionally with retrieval metrics and the
     §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it. Layout::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
-                  "retriever"},
+                  "retriever", "memory_tokens"},
          "total": {"n_documents", "n_tokens", "nll_sum", "n_targets", "nll_mean", "perplexity", "seconds",
                    "tokens_per_second", "peak_memory_bytes"},
          "documents": [{"index", "id", "n_tokens", "n_chunks", "nll_sum", "n_targets", "perplexity", "memory_bytes",
@@ -420,7 +420,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
     if device not in (None, "auto") and info.world_size == 1:
         dev = torch.device(device)
     try:
-        model, cfg = load_model(ckpt, dev)
+        model, cfg = load_model(ckpt, dev, memory_tokens=memory_tokens)
         mcfg = model.cfg
         tok_id = checkpoint_tokenizer(ckpt, cfg)
         try:
@@ -472,7 +472,8 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
                      "device": str(dev), "world_size": info.world_size, "tokenizer_checked": tok_id is not None,
                      "per_chunk": per_chunk, "baseline": None if baseline is None else str(baseline),
                      "bm25_statistics": bm25_statistics, "precision": precision,
-                     "retriever": None if dpr is None else str(retriever)},
+                     "retriever": None if dpr is None else str(retriever),
+                     "memory_tokens": memory_tokens},
         }
         result.update(summarize(sums, documents, seconds))
         result["documents"] = documents

@@ -153,3 +153,29 @@ def test_checkpoint_tokenizer_lookup(setup, tmp_path, capsys):
     assert run("--checkpoint", bare, "--store", s["root"], "--out", tmp_path / "r2.json") == 2
     assert "does not match the token store" in capsys.readouterr().err
     assert P.checkpoint_tokenizer(s["runs"]["xl"])["hash"] == s["tok"].hash
+
+
+def test_memory_tokens_resizes_the_memorizing_memory(setup, tmp_path, capsys):
+    """--memory-tokens: one memorizing checkpoint evaluated with a memory that binds (one segment of tokens) differs
+    from the full memory, equals it exactly when the size does not bind, and is recorded in the result's config (what
+    `rpt compare` labels the 32K / 65K rows by); other variants refuse it with one line."""
+    from rpt.model.registry import build_model
+
+    s = setup
+    cfg = tiny_config("memorizing")
+    ckpt = save_checkpoint(tmp_path / "mem", build_model(cfg.model, seed=0).eval(), cfg, tokenizer=s["tok"])
+    res = {}
+    for n in (None, 16, 10_000):
+        out = tmp_path / f"mem-{n}.json"
+        extra = [] if n is None else ["--memory-tokens", n]
+        assert run("--checkpoint", ckpt, "--store", s["root"], "--max-documents", 1, "--memory", "torch", "--out", out,
+                   *extra) == 0
+        res[n] = json.loads(out.read_text())
+    assert res[None]["config"]["model"]["memory_tokens"] == 65536 and res[None]["eval"]["memory_tokens"] is None
+    assert res[16]["config"]["model"]["memory_tokens"] == 16 and res[16]["eval"]["memory_tokens"] == 16
+    assert res[10_000]["total"]["nll_sum"] == res[None]["total"]["nll_sum"]  # LENGTHS[0] < 10,000: never binds
+    assert res[16]["total"]["nll_sum"] != res[None]["total"]["nll_sum"]
+    capsys.readouterr()
+    assert run("--checkpoint", s["runs"]["rpt-sem"], "--store", s["root"], "--memory-tokens", 16,
+               "--out", tmp_path / "x.json") == 2
+    assert "--memory-tokens is for the memorizing variant" in capsys.readouterr().err
