@@ -1,7 +1,8 @@
 """`rpt bench`: side-by-side measurements in one process, on one machine, at one config.
 
 1. Training step time of each variant relative to xl (the paper's Time/update column; it reports 1.51x for RPT),
-   tokens/s, peak memory, and MFU on a GPU — through the real training loop (`rpt.train.loop.train`) on a real
+   tokens/s, peak memory (each variant's own: the peak resident set is reset between variants on Linux), and MFU on
+   a GPU — through the real training loop (`rpt.train.loop.train`) on a real
    token store with real labels.
 2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
    document memory that grows by a fixed amount per chunk, a bounded K/V cache).
@@ -45,7 +46,28 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def _peak_rss_mb() -> float:
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets VmHWM), so that the
+    next `peak_rss_mb` is the peak since now. False where the kernel offers no reset: the peak is then the process's
+    running maximum, which after the first variant of a bench is not that variant's own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set in MiB: VmHWM of /proc/self/status (what `reset_peak_rss` resets), else getrusage's
+    ru_maxrss (never reset)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -81,6 +103,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
         stamps: list[float] = []
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        own_peak = reset_peak_rss()
 
         def on_step(step: int, metrics: dict[str, float], stamps: list[float] = stamps) -> None:
             if torch.cuda.is_available():
@@ -97,7 +120,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
         tokens = batch_size * seq_len
         n_params = count_parameters(cfg)
         row = {"seconds_per_update": sec, "tokens_per_s": tokens / sec, "parameters": n_params,
-               "peak_rss_mb": _peak_rss_mb()}
+               "peak_rss_mb": peak_rss_mb(), "peak_rss_scope": "variant" if own_peak else "process"}
         if torch.cuda.is_available():
             row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
             name = torch.cuda.get_device_name(0)
@@ -163,7 +186,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
     peak = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            else peak_rss_mb() * 2**20)
     dts = np.diff(stamps)
     n_params = model.num_parameters()
     row = {"variant": variant, "preset": preset, "seq_len": seq_len, "batch_size": batch_size,
@@ -361,10 +384,15 @@ def format_training(r: dict[str, Any]) -> str:
     lines = [f"training step, preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, median of "
              f"{r['steps_timed']} updates",
              f"{'variant':<16}{'params':>10}{'s/update':>10}{'vs xl':>8}{'tokens/s':>10}{'peak RSS MB':>13}"]
+    running = False
     for v, x in r["variants"].items():
         extra = f"{x['mfu'] * 100:6.1f}% MFU" if "mfu" in x else ""
+        mark = "*" if x.get("peak_rss_scope", "process") == "process" else " "
+        running |= mark == "*"
         lines.append(f"{v:<16}{x['parameters'] / 1e6:9.2f}M{x['seconds_per_update']:10.3f}{x['time_vs_xl']:7.2f}x"
-                     f"{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:13.0f} {extra}")
+                     f"{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:12.0f}{mark} {extra}")
+    if running:
+        lines.append("* the process's running maximum (no peak reset on this system): not that variant's own peak")
     return "\n".join(lines)
 
 

@@ -2,9 +2,10 @@
 
 import json
 
+import numpy as np
 import pytest
 
-from rpt.bench import largest_batch
+from rpt.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
 from rpt.cli import main
 from rpt.config import RPTConfig
 from rpt.train.memory import estimate_step_memory
@@ -48,3 +49,19 @@ def test_bench_scale_bad_flags_are_one_line(flags, needle, capsys):
     assert main(["bench", "--scale", "--estimate-only", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+def test_peak_rss_is_reset_between_variants():
+    """`rpt bench` resets the peak resident set before each variant, so a variant's peak RSS is its own, not the
+    running maximum of the ones before it; where no reset exists the table marks the figure as the process's."""
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs: the peak cannot be reset here")
+    block = np.ones(96 * 2**20 // 8)  # 96 MiB, touched
+    high = peak_rss_mb()
+    del block
+    assert reset_peak_rss()
+    assert peak_rss_mb() < high - 64  # the freed block is no longer in the peak
+    row = {"parameters": 1e6, "seconds_per_update": 0.1, "time_vs_xl": 1.0, "tokens_per_s": 10.0, "peak_rss_mb": 100.0}
+    table = {"preset": "tiny", "batch_size": 1, "seq_len": 8, "steps_timed": 1}
+    assert "running maximum" not in format_training({**table, "variants": {"xl": {**row, "peak_rss_scope": "variant"}}})
+    assert "running maximum" in format_training({**table, "variants": {"xl": {**row, "peak_rss_scope": "process"}}})
