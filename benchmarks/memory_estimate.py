@@ -9,6 +9,12 @@ alone on the machine. `loss_chunk=0` measures the full-logit loss (the default i
     python benchmarks/memory_estimate.py                         # tiny preset, xl / retro / rpt-sem, 2K-16K tokens
     python benchmarks/memory_estimate.py preset=small seq=4096,8192 variants=xl,rpt-sem out=docs/memory_estimate.json
     python benchmarks/memory_estimate.py loss_chunk=0
+    python benchmarks/memory_estimate.py variants=memorizing seq=8192 repeat=3      # the peak's run-to-run spread
+    MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/memory_estimate.py ...          # glibc: no heap fragmentation
+
+`repeat=N` measures each config N times (fresh processes) and reports the smallest and largest peak: on glibc the
+peak RSS of one config varies from run to run with the allocator's dynamic mmap threshold (memorizing, 2 x 8,192
+tokens: 1.25-1.80 GiB), and a fixed threshold (the environment variable above, inherited by the probes) removes it.
 """
 
 from __future__ import annotations
@@ -31,17 +37,20 @@ def main(argv: list[str]) -> None:
     variants = opts.get("variants", "xl,retro,rpt-sem").split(",")
     batch, vocab = int(opts.get("batch", 2)), int(opts.get("vocab", 2048))
     dev = opts.get("device", "cuda" if torch.cuda.is_available() else "cpu")
+    repeat = int(opts.get("repeat", 1))
     chunk = int(opts["loss_chunk"]) if "loss_chunk" in opts else None  # None: the config's default (chunked)
     rows = []
     print(f"{'variant':8} {'tokens':>7} {'estimate':>10} {'measured':>10} {'est/meas':>8}")
     for v in variants:
         for T in seqs:
             try:
-                peak = measure_step(variant=v, preset=preset, seq_len=T, batch_size=batch, vocab_size=vocab, device=dev,
-                                    steps=2, loss_chunk=chunk, threads=1)["peak_bytes"]
+                peaks = [measure_step(variant=v, preset=preset, seq_len=T, batch_size=batch, vocab_size=vocab,
+                                      device=dev, steps=2, loss_chunk=chunk, threads=1)["peak_bytes"]
+                         for _ in range(repeat)]
             except UserError as e:
                 print(f"{v} {T}: failed: {e}")
                 continue
+            peak = max(peaks)
             cfg = RPTConfig.from_preset(preset, variant=v, vocab_size=vocab)
             cfg.data.seq_len, cfg.train.batch_size = T, batch
             if chunk is not None:
@@ -49,13 +58,17 @@ def main(argv: list[str]) -> None:
             est = estimate_step_memory(cfg, dev)
             rows.append({"variant": v, "preset": preset, "seq_len": T, "batch_size": batch, "vocab_size": vocab,
                          "device": dev, "loss_chunk": chunk, "estimate_bytes": est.total, "measured_peak_bytes": peak,
-                         "ratio": est.total / peak})
-            print(f"{v:8} {T:7d} {gib(est.total):>10} {gib(peak):>10} {est.total / peak:8.2f}")
+                         "ratio": est.total / peak, "measured_peaks_bytes": peaks})
+            spread = f"  (peaks {gib(min(peaks))} - {gib(max(peaks))} over {repeat} runs)" if repeat > 1 else ""
+            print(f"{v:8} {T:7d} {gib(est.total):>10} {gib(peak):>10} {est.total / peak:8.2f}{spread}")
     if "out" in opts:
+        import os
+
         from rpt.bench import machine
 
+        env = {k: os.environ[k] for k in os.environ if k.startswith("MALLOC_")}
         with open(opts["out"], "w") as f:
-            json.dump({"machine": machine(), "rows": rows}, f, indent=2)
+            json.dump({"machine": machine(), "malloc_env": env, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
