@@ -14,7 +14,7 @@ alone on the machine. `loss_chunk=0` measures the full-logit loss (the default i
 
 `repeat=N` measures each config N times (fresh processes) and reports the smallest and largest peak: on glibc the
 peak RSS of one config varies from run to run with the allocator's dynamic mmap threshold (memorizing, 2 x 8,192
-tokens: 1.25-1.80 GiB), and a fixed threshold (the environment variable above, inherited by the probes) removes it.
+tokens: 1.4-1.8 GiB), and a fixed threshold (the environment variable above, inherited by the probes) removes it.
 """
 
 from __future__ import annotations

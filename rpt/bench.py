@@ -1,8 +1,8 @@
 """`rpt bench`: side-by-side measurements in one process, on one machine, at one config.
 
 1. Training step time of each variant relative to xl (the paper's Time/update column; it reports 1.51x for RPT),
-   tokens/s, peak memory (each variant's own: the peak resident set is reset between variants on Linux), and MFU on
-   a GPU — through the real training loop (`rpt.train.loop.train`) on a real
+   tokens/s, peak memory (on Linux the peak resident set is reset between variants: each peak is its own, over what
+   the process still holds), and MFU on a GPU — through the real training loop (`rpt.train.loop.train`) on a real
    token store with real labels.
 2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
    document memory that grows by a fixed amount per chunk, a bounded K/V cache).
@@ -47,9 +47,13 @@ def machine() -> dict[str, Any]:
 
 
 def reset_peak_rss() -> bool:
-    """Reset this process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets VmHWM), so that the
-    next `peak_rss_mb` is the peak since now. False where the kernel offers no reset: the peak is then the process's
-    running maximum, which after the first variant of a bench is not that variant's own."""
+    """Reset this process's peak resident set (Linux: writing 5 to /proc/self/clear_refs resets VmHWM) to what it holds
+    now, after a garbage collection, so that the next `peak_rss_mb` is the peak since now. What the previous variant
+    left resident (memory the allocator keeps) is still counted in it. False where the kernel offers no reset: the
+    peak is then the process's running maximum, which after the first variant of a bench is not that variant's own."""
+    import gc
+
+    gc.collect()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -19,6 +19,7 @@ generate, explore, the checkpoint scorer) goes through this module, so none of t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -344,20 +345,20 @@ def checkpoint_config(folder: Path) -> RPTConfig:
 def load_model(path: str | Path, device: torch.device | str = "cpu",
                memory_tokens: int | None = None) -> tuple[torch.nn.Module, RPTConfig]:
     """(model in eval mode on `device`, its config) from a checkpoint (see `resolve_checkpoint`). Reads only the
-    weights and the config, never the optimiser state. `memory_tokens` (memorizing only) replaces the size of the
-    kNN memory: no weight depends on it, so one checkpoint gives the paper's 32K and 65K rows; the returned config
-    records the size used."""
+    weights and the config, never the optimiser state. `memory_tokens` (memorizing only) builds the model with a kNN
+    memory of that size instead of the trained one (no weight depends on it); the returned config stays the
+    checkpoint's, so it still says what the model was trained with, and `model.cfg` holds the size used."""
     from rpt.model.registry import build_model
 
     folder = resolve_checkpoint(path)
     cfg = checkpoint_config(folder)
+    mcfg = cfg.model
     if memory_tokens is not None:
-        if cfg.model.variant != "memorizing":
-            raise UserError(f"--memory-tokens is for the memorizing variant; checkpoint {folder} is {cfg.model.variant}")
-        if memory_tokens < 1:
-            raise UserError(f"--memory-tokens must be >= 1, not {memory_tokens}")
-        cfg.model.memory_tokens = memory_tokens
-    model = build_model(cfg.model)
+        if mcfg.variant != "memorizing":
+            raise UserError(f"memory_tokens is for the memorizing variant; checkpoint {folder} is {mcfg.variant}")
+        mcfg = dataclasses.replace(mcfg, memory_tokens=memory_tokens)
+        mcfg.validate()
+    model = build_model(mcfg)
     try:
         load_weights(model, folder)
     except RuntimeError as e:

@@ -113,6 +113,8 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     for r in results:
         flat = effective_fields({k: v for k, v in {**defaults, **flat_config(with_former_defaults(r["config"]))}.items()
                                  if k not in _IGNORED and not k.startswith("eval.")})
+        if flat["model.variant"] == "memorizing":  # the memory it was evaluated with (`rpt eval --memory-tokens`)
+            flat["eval.memory_tokens"] = r["eval"].get("memory_tokens") or flat["model.memory_tokens"]
         k = int(r["eval"]["n_neighbors"])
         split = r["eval"].get("split")
         key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
@@ -144,7 +146,8 @@ def _label(settings: list[Setting]) -> None:
         differing = [k for k in keys if all(k in s.config for s in group)
                      and len({json.dumps(s.config[k]) for s in group}) > 1]
         for s in group:
-            extra = [f"{k.split('.', 1)[1]}={s.config.get(k)}" for k in differing]
+            extra = [f"{k.split('.', 1)[1]}={s.config.get(k)}" + (" at eval" if k.startswith("eval.") else "")
+                     for k in differing]
             if len({g.step for g in group}) > 1 and not all(g.step == g.config.get("train.steps") for g in group):
                 extra.append(f"step {s.step}")
             if len({g.k for g in group}) > 1:
@@ -182,7 +185,8 @@ def paper_row(s: Setting, source: str | None = None, base_xl: Setting | None = N
     if v == "rpt-lex" and (c.get("train.ss_schedule", "anneal") != "anneal" or c.get("model.gate") == "none"):
         return None  # the paper's ablations (Table 4) are of RPT-Sem only
     if v == "memorizing":
-        return {32768: "Memorizing Transformer (32K)", 65536: "Memorizing Transformer (65K)"}.get(c.get("model.memory_tokens"))
+        size = c.get("eval.memory_tokens", c.get("model.memory_tokens"))  # the memory it was evaluated with
+        return {32768: "Memorizing Transformer (32K)", 65536: "Memorizing Transformer (65K)"}.get(size)
     return {"xl": "Transformer-XL", "retro": "RETRO w. BM25", "rpt-lex": "RPT-Lex",
             "block-recurrent": "Block-Recurrent Transformer", "griffin": "Griffin"}.get(v)
 

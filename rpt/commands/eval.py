@@ -32,10 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
                    help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU")
     p.add_argument("--memory-tokens", type=int, metavar="N", help="memorizing: evaluate with a kNN memory of N "
-                   "tokens instead of the checkpoint's model.memory_tokens (no weight depends on it: 32768 gives the "
-                   "paper's 32K row from a 65K run); recorded in the result's config")
+                   "tokens instead of the checkpoint's model.memory_tokens (no weight depends on it); recorded as the "
+                   "result's eval.memory_tokens, the trained size stays in its config")
     p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default 0: all)")
-    p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>.json)")
+    p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>[-mem<N>].json)")
     p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
                    "BM25 side by side) and the token-overlap analysis")
     p.add_argument("--per-chunk", action="store_true", help="store per-chunk NLL and neighbours in the result (needed "
@@ -66,7 +66,8 @@ def format_summary(result: dict[str, Any]) -> str:
     ppl = "-" if t["perplexity"] is None else f"{t['perplexity']:.4f}"
     tps = "-" if t["tokens_per_second"] is None else f"{t['tokens_per_second']:,.0f}"
     lines = [
-        f"{variant}  source {ev['source']}  K {ev['n_neighbors']}  memory {ev['memory'] or '-'}  split {ev['split']}",
+        f"{variant}  source {ev['source']}  K {ev['n_neighbors']}  memory {ev['memory'] or '-'}"
+        + (f" of {ev['memory_tokens']:,} tokens" if ev.get("memory_tokens") else "") + f"  split {ev['split']}",
         f"  {'documents':<22}{t['n_documents']:>12,}",
         f"  {'tokens':<22}{t['n_tokens']:>12,}",
         f"  {'NLL / token (nats)':<22}{'-' if t['nll_mean'] is None else format(t['nll_mean'], '.4f'):>12}",
@@ -104,11 +105,14 @@ def run(args: argparse.Namespace) -> int:
 
     from rpt.config import check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
-    from rpt.utils import require
+    from rpt.utils import UserError, require
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    check_neighbors(args.neighbors)  # before the default --out below resolves (and verifies) the checkpoint
+    # before the default --out below resolves (and verifies) the checkpoint
+    check_neighbors(args.neighbors)
+    if args.memory_tokens is not None and args.memory_tokens < 1:
+        raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
     if args.plots:
         require("matplotlib", "--plots")  # now, not after the evaluation
     compare = {path: read_result(path, "--compare") for path in args.compare}
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     if out is None:
         folder = resolve_checkpoint(args.checkpoint)
         src = args.source or default_source(checkpoint_config(folder).model.variant)
-        out = folder / f"eval-{args.split}-{src}-k{args.neighbors}.json"
+        mem = f"-mem{args.memory_tokens}" if args.memory_tokens else ""
+        out = folder / f"eval-{args.split}-{src}-k{args.neighbors}{mem}.json"
     result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,

@@ -394,13 +394,13 @@ class MemorizingTransformer(SegmentDecoder):
     @classmethod
     def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
         """xl's layers plus, in the kNN layer, per token of segments 2.. (those that read the memory): the k retrieved
-        values (k D over the heads), the k scores, probabilities and int64 indices per head (4 k H in fp32 units),
-        the memory output and the mix (3 D); and the detached fp32 keys searched (D per token). Measured with
-        saved-tensor hooks at 2 x 8,192 tokens (tiny): the model saves 159 MiB more for backward than xl, 171 MiB
-        counted here."""
+        values (k D over the heads), the k probabilities and the k int64 indices per head (3 k H in fp32 units; the
+        scores before the softmax are not kept), the memory output and the mix (3 D); and the detached fp32 keys
+        searched (D per token). Measured with saved-tensor hooks at 2 x 8,192 tokens (tiny): the model keeps 159 MiB
+        more for backward than xl, 163 MiB counted here."""
         S, k = cfg.segment_len, cfg.memory_topk
         reading = max(0, T - 2 * S)
-        extra = reading * (k * cfg.d_model + 4 * cfg.n_heads * k + 3 * cfg.d_model) + T * cfg.d_model
+        extra = reading * (k * cfg.d_model + 3 * cfg.n_heads * k + 3 * cfg.d_model) + T * cfg.d_model
         return super().layer_activation_elements(cfg, T, math_attention) + extra
 
     @classmethod

@@ -157,25 +157,38 @@ def test_checkpoint_tokenizer_lookup(setup, tmp_path, capsys):
 
 def test_memory_tokens_resizes_the_memorizing_memory(setup, tmp_path, capsys):
     """--memory-tokens: one memorizing checkpoint evaluated with a memory that binds (one segment of tokens) differs
-    from the full memory, equals it exactly when the size does not bind, and is recorded in the result's config (what
-    `rpt compare` labels the 32K / 65K rows by); other variants refuse it with one line."""
+    from the full memory and equals it exactly when the size does not bind. The result keeps the trained size in its
+    config and the size used in eval.memory_tokens; the default output name says it (no overwrite of the plain
+    result); `rpt compare` makes each size its own row, labelled by it. Other variants refuse it with one line."""
+    from rpt.compare import group_settings, load_results, paper_row
     from rpt.model.registry import build_model
 
     s = setup
     cfg = tiny_config("memorizing")
     ckpt = save_checkpoint(tmp_path / "mem", build_model(cfg.model, seed=0).eval(), cfg, tokenizer=s["tok"])
     res = {}
-    for n in (None, 16, 10_000):
-        out = tmp_path / f"mem-{n}.json"
+    for n in (None, 16, 10_000, 32768):
+        out = tmp_path / "results" / f"mem-{n}.json"
         extra = [] if n is None else ["--memory-tokens", n]
         assert run("--checkpoint", ckpt, "--store", s["root"], "--max-documents", 1, "--memory", "torch", "--out", out,
                    *extra) == 0
         res[n] = json.loads(out.read_text())
-    assert res[None]["config"]["model"]["memory_tokens"] == 65536 and res[None]["eval"]["memory_tokens"] is None
-    assert res[16]["config"]["model"]["memory_tokens"] == 16 and res[16]["eval"]["memory_tokens"] == 16
+    assert {r["config"]["model"]["memory_tokens"] for r in res.values()} == {65536}  # what it was trained with
+    assert res[None]["eval"]["memory_tokens"] is None and res[16]["eval"]["memory_tokens"] == 16
+    assert "memory torch of 16 tokens" in capsys.readouterr().out  # the summary names the size used
     assert res[10_000]["total"]["nll_sum"] == res[None]["total"]["nll_sum"]  # LENGTHS[0] < 10,000: never binds
     assert res[16]["total"]["nll_sum"] != res[None]["total"]["nll_sum"]
+
+    rows = {st.label: st for st in group_settings(load_results([tmp_path / "results"]))}
+    assert set(rows) == {f"memorizing (memory_tokens={n} at eval)" for n in (65536, 16, 10000, 32768)}
+    assert paper_row(rows["memorizing (memory_tokens=32768 at eval)"]) == "Memorizing Transformer (32K)"
+    assert paper_row(rows["memorizing (memory_tokens=65536 at eval)"]) == "Memorizing Transformer (65K)"
+
+    assert run("--checkpoint", ckpt, "--store", s["root"], "--max-documents", 1, "--memory-tokens", 16) == 0
+    assert (ckpt / "eval-test-none-k2-mem16.json").is_file() and not (ckpt / "eval-test-none-k2.json").exists()
     capsys.readouterr()
     assert run("--checkpoint", s["runs"]["rpt-sem"], "--store", s["root"], "--memory-tokens", 16,
                "--out", tmp_path / "x.json") == 2
-    assert "--memory-tokens is for the memorizing variant" in capsys.readouterr().err
+    assert "memory_tokens is for the memorizing variant" in capsys.readouterr().err
+    assert run("--checkpoint", ckpt, "--store", s["root"], "--memory-tokens", 0, "--out", tmp_path / "x.json") == 2
+    assert "--memory-tokens must be >= 1, not 0" in capsys.readouterr().err
