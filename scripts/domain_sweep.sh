@@ -6,7 +6,7 @@
 #   CORPUS: a `rpt prepare --corpus` name (stdlib, kjv, austen, pari, coq, metamath, ...)
 #   PAPER:  the paper's dataset whose figures go beside the rows: code | pg19 | books3 | arxiv (default: none)
 # Settings by environment (defaults: the CPU setting of docs/results.md §1j):
-#   STEPS=400 SEEDS=0,1,2 VARIANTS=xl,retro,rpt-sem OUT=runs/<corpus> RPT=rpt
+#   STEPS=400 SEEDS=0,1,2 VARIANTS=xl,retro,rpt-sem OUT=runs/<corpus> RPT=rpt (default: on PATH, else .venv/bin/rpt)
 #   SEQ_LEN=2048 (training span = the train labels' span) SEGMENT=128 (the tiny preset's)
 # Every step is skipped when its output exists, and `rpt sweep` resumes, so a killed run is continued by running the
 # same command again.
@@ -17,7 +17,9 @@ STEPS=${STEPS:-400}
 SEEDS=${SEEDS:-0,1,2}
 VARIANTS=${VARIANTS:-xl,retro,rpt-sem}
 OUT=${OUT:-runs/${corpus%%@*}}
-RPT=${RPT:-rpt}
+if [ -z "${RPT:-}" ]; then  # the rpt on PATH, else the one scripts/setup.sh installed
+  RPT=rpt; command -v rpt >/dev/null || RPT="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/rpt"
+fi
 SEQ_LEN=${SEQ_LEN:-2048}
 SEGMENT=${SEGMENT:-128}
 store=$OUT/store
