@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The paper's comparison on one corpus, from nothing to the table (docs/results.md §1j):
 #   prepare the corpus, BM25 (lex) labels, an xl scorer (the seed-0 xl run), sem labels of train and test from it,
-#   then `rpt sweep` over the variants and paired seeds, and `rpt compare` with the paper's figures for the domain.
+#   then `rpt sweep` over the variants and paired seeds; its table, with the paper's figures for the domain, is
+#   $OUT/sweep/compare.md (.json).
 # Usage: bash scripts/domain_sweep.sh CORPUS [PAPER]     e.g.  bash scripts/domain_sweep.sh kjv pg19
 #   CORPUS: a `rpt prepare --corpus` name (stdlib, kjv, austen, pari, coq, metamath, ...)
 #   PAPER:  the paper's dataset whose figures go beside the rows: code | pg19 | books3 | arxiv (default: none)
@@ -38,4 +39,3 @@ scorer=$OUT/sweep/xl-seed0
 [ -d "$store/labels/train-sem-$SEQ_LEN" ] || $RPT label "${label[@]}" --split train --kind sem --span "$SEQ_LEN" --scorer "$scorer"
 [ -d "$store/labels/test-sem-doc" ] || $RPT label "${label[@]}" --split test --kind sem --span doc --scorer "$scorer"
 $RPT sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" "${paper_flag[@]}" -- "${train[@]}"
-$RPT compare "$OUT/sweep/eval" --step "$STEPS" "${paper_flag[@]}" --out "$OUT/sweep/domain.json"

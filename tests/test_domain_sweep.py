@@ -3,6 +3,7 @@ seed-0 xl as the sem scorer, sem labels, the sweep and the table; run again, it 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,10 @@ def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):
 
     done = run()
     assert done.returncode == 0, done.stderr[-2000:]
+    assert len(re.findall(r"^labels: ", done.stdout, re.M)) == 3  # lex, sem train, sem test
     labels = sorted(p.name for p in (out / "store" / "labels").iterdir())
     assert labels == ["test-sem-doc", "train-lex-512", "train-sem-512"]
-    table = json.loads((out / "sweep" / "domain.json").read_text())
+    table = json.loads((out / "sweep" / "compare.json").read_text())
     rows = {row["variant"]: row for row in table["rows"]}
     assert list(rows) == ["xl", "retro", "rpt-sem"] and all(row["step"] == 2 for row in rows.values())
     assert rows["rpt-sem"]["oracle"][2] == 1 and rows["xl"]["paper"]["ppl"] == 11.48  # PG19's xl figure
@@ -40,5 +42,6 @@ def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):
 
     again = run()
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "0 jobs" in again.stdout or "already done" in again.stdout
-    assert "train xl seed 0" not in again.stdout.split("sweep:")[-1]
+    counts = re.findall(r"(\d+) jobs, (\d+) already done", again.stdout)
+    assert len(counts) == 2 and all(total == done_ for total, done_ in counts)  # both sweeps: nothing left to do
+    assert not re.findall(r"^labels: ", again.stdout, re.M)  # no label store made again
