@@ -286,10 +286,8 @@ def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False
     if st is None:
         return ""
     m, sd, n = st
-    if pct:
-        text = f"{100 * m:.1f}% ± {100 * sd:.1f}"
-    else:
-        text = f"{m:.{digits}f} ± {sd:.{digits}f}" if n > 1 else f"{m:.{digits}f}"
+    scale, unit = (100, "%") if pct else (1, "")
+    text = f"{scale * m:.{1 if pct else digits}f}{unit}" + (f" ± {scale * sd:.{1 if pct else digits}f}" if n > 1 else "")
     return text + (f" (n={n})" if n_row is not None and n != n_row else "")
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rpt.cli import main
-from rpt.compare import compare, group_settings, load_results, paper_row, to_markdown
+from rpt.compare import _fmt, compare, group_settings, load_results, paper_row, to_markdown
 from rpt.config import RPTConfig
 from rpt.utils import UserError
 
@@ -181,3 +181,11 @@ def test_init_scales_that_their_init_does_not_read_and_losses_retro_does_not_hav
           result("retro", 1, "bm25", 95.0, model__cca_qk_init="random", model__cca_ov_init="random",
                  model__cca_qk_match_std=0.3, model__cca_ov_scale=0.2, train__alpha_ret=0.5, train__ss_schedule="gold")]
     assert [sorted(s.ppl["bm25"]) for s in group_settings(rs)] == [[0, 1]]
+
+
+def test_one_seed_has_no_spread():
+    """One seed prints its value alone, percentages too: '± 0.0' would claim a spread nobody measured."""
+    assert _fmt((0.109, 0.0, 1), pct=True) == "10.9%"
+    assert _fmt((0.109, 0.004, 2), pct=True) == "10.9% ± 0.4"
+    assert _fmt((126.84, 0.0, 1)) == "126.8"
+    assert _fmt((1.0114, 0.0021, 3), digits=3, n_row=3) == "1.011 ± 0.002"
