@@ -17,6 +17,7 @@ Numbers from a shared machine are meaningless: run it alone.
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import resource
@@ -83,17 +84,24 @@ def _flops_per_token(n: int, cfg: RPTConfig) -> float:
 
 def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str = "tiny", seq_len: int = 1024,
                    segment_len: int | None = None, batch_size: int = 2, steps: int = 12, warmup: int = 3,
-                   device: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Time `steps` updates of each variant through the training loop; the first `warmup` are not counted."""
+                   rounds: int = 1, device: str | None = None,
+                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Time `steps` updates of each variant through the training loop; the first `warmup` are not counted.
+
+    With `rounds` > 1 every variant is timed once per round, in the listed order, then reversed, and so on: a machine
+    whose speed drifts (a shared host, a CPU clock) moves xl's time and a variant's within one round alike, so each
+    round gives its own ratio to xl, and the row reports the median ratio and its range over the rounds. Each peak RSS
+    is taken over what the process already holds when the variant starts (memory the allocator kept from the variants
+    before it), so the row keeps the lowest of its rounds: the tightest bound on the variant's own peak.
+    """
     from rpt.data.tokenizer import Tokenizer
-    from rpt.train.loop import train
 
     vocab = Tokenizer.from_file(store / "tokenizer.json").vocab_size
-    rows: dict[str, Any] = {}
+    cfgs: dict[str, RPTConfig] = {}
     for variant in VARIANTS:
         if spec(variant).labels is not None and labels.get(variant) is None:
             continue
-        cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab)
+        cfg = cfgs[variant] = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab)
         cfg.data.seq_len = seq_len
         if segment_len:
             cfg.model.segment_len = segment_len
@@ -102,40 +110,61 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
             setattr(getattr(cfg, section), field, value)
         cfg.train.steps, cfg.train.batch_size, cfg.train.grad_accum = steps, batch_size, 1
         cfg.train.checkpoint_every, cfg.train.log_every, cfg.train.keep_last = steps, steps, 1
-        tmp = Path(tempfile.mkdtemp(prefix=f"rpt-bench-{variant}-"))
-        cfg.train.out_dir = str(tmp)
-        stamps: list[float] = []
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        own_peak = reset_peak_rss()
-
-        def on_step(step: int, metrics: dict[str, float], stamps: list[float] = stamps) -> None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
-
-        try:
-            # stop before the final checkpoint write would be timed: the last stamp comes before it
-            train(cfg, store, labels.get(variant), resume=False, device=device, progress=False, on_step=on_step)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        dts = np.diff(stamps[warmup - 1 :]) if len(stamps) > warmup else np.diff(stamps)
-        sec = float(np.median(dts))
-        tokens = batch_size * seq_len
+    variants = list(cfgs)
+    timed: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
+            timed[variant].append(_time_training(copy.deepcopy(cfgs[variant]), store, labels.get(variant), warmup, device))
+    rows: dict[str, Any] = {}
+    tokens = batch_size * seq_len
+    for variant, per_round in timed.items():
+        cfg = cfgs[variant]
+        ratios = [x["sec"] / xl["sec"] for x, xl in zip(per_round, timed["xl"], strict=True)]
+        sec = float(np.median([x["sec"] for x in per_round]))
         n_params = count_parameters(cfg)
         row = {"seconds_per_update": sec, "tokens_per_s": tokens / sec, "parameters": n_params,
-               "peak_rss_mb": peak_rss_mb(), "peak_rss_scope": "variant" if own_peak else "process"}
-        if torch.cuda.is_available():
-            row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+               "time_vs_xl": float(np.median(ratios)), "peak_rss_mb": min(x["peak_rss_mb"] for x in per_round),
+               "peak_rss_scope": "variant" if all(x["own_peak"] for x in per_round) else "process"}
+        if rounds > 1:
+            row["rounds"] = {"seconds_per_update": [x["sec"] for x in per_round], "time_vs_xl": ratios}
+            row["time_vs_xl_range"] = [min(ratios), max(ratios)]
+        if "peak_gpu_mb" in per_round[0]:
+            row["peak_gpu_mb"] = max(x["peak_gpu_mb"] for x in per_round)
             name = torch.cuda.get_device_name(0)
             peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
             if peak:
                 row["mfu"] = tokens / sec * _flops_per_token(n_params, cfg) / peak
         rows[variant] = row
-    base = rows["xl"]["seconds_per_update"]
-    for r in rows.values():
-        r["time_vs_xl"] = r["seconds_per_update"] / base
-    return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "steps_timed": steps - warmup, "variants": rows}
+    return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "steps_timed": steps - warmup,
+            "rounds": rounds, "variants": rows}
+
+
+def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int, device: str | None) -> dict[str, Any]:
+    """One training run of `cfg.train.steps` updates: the median update time after `warmup`, and the peak memory."""
+    from rpt.train.loop import train
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"rpt-bench-{cfg.model.variant}-"))
+    cfg.train.out_dir = str(tmp)
+    stamps: list[float] = []
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    own_peak = reset_peak_rss()
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    try:
+        # stop before the final checkpoint write would be timed: the last stamp comes before it
+        train(cfg, store, labels, resume=False, device=device, progress=False, on_step=on_step)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dts = np.diff(stamps[warmup - 1 :]) if len(stamps) > warmup else np.diff(stamps)
+    out = {"sec": float(np.median(dts)), "peak_rss_mb": peak_rss_mb(), "own_peak": own_peak}
+    if torch.cuda.is_available():
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
 
 
 def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
@@ -343,7 +372,8 @@ def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = 
 
 
 def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "tiny", seq_len: int = 1024,
-              segment_len: int | None = 128, batch_size: int = 2, steps: int = 12, eval_lengths: list[int] | None = None,
+              segment_len: int | None = 128, batch_size: int = 2, steps: int = 12, rounds: int = 1,
+              eval_lengths: list[int] | None = None,
               label_sizes: tuple[int, ...] = (100_000, 1_000_000), skip_labels: bool = False, device: str | None = None,
               out: Path | None = None) -> dict[str, Any]:
     from rpt.data.store import TokenStore
@@ -361,7 +391,7 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
     results: dict[str, Any] = {"machine": machine()}
     print(f"machine: {results['machine']}", flush=True)
     results["training"] = bench_training(store, labels, preset=preset, seq_len=seq_len, segment_len=segment_len,
-                                         batch_size=batch_size, steps=steps, device=device)
+                                         batch_size=batch_size, steps=steps, rounds=rounds, device=device)
     print(format_training(results["training"]), flush=True)
 
     train_store = TokenStore.open(store / "train")
@@ -385,18 +415,25 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
 
 
 def format_training(r: dict[str, Any]) -> str:
+    rounds = r.get("rounds", 1)
+    over = f"; medians over {rounds} rounds in alternating order, ratio to xl per round" if rounds > 1 else ""
     lines = [f"training step, preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, median of "
-             f"{r['steps_timed']} updates",
-             f"{'variant':<16}{'params':>10}{'s/update':>10}{'vs xl':>8}{'tokens/s':>10}{'peak RSS MB':>13}"]
+             f"{r['steps_timed']} updates{over}",
+             f"{'variant':<16}{'params':>10}{'s/update':>10}{'vs xl':>8}{'range':>12}{'tokens/s':>10}{'peak RSS MB':>13}"]
     running = False
     for v, x in r["variants"].items():
         extra = f"{x['mfu'] * 100:6.1f}% MFU" if "mfu" in x else ""
         mark = "*" if x.get("peak_rss_scope", "process") == "process" else " "
         running |= mark == "*"
+        lo_hi = x.get("time_vs_xl_range")
+        span = f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}" if lo_hi and v != "xl" else ""
         lines.append(f"{v:<16}{x['parameters'] / 1e6:9.2f}M{x['seconds_per_update']:10.3f}{x['time_vs_xl']:7.2f}x"
-                     f"{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:12.0f}{mark} {extra}")
+                     f"{span:>12}{x['tokens_per_s']:10.0f}{x['peak_rss_mb']:12.0f}{mark} {extra}")
     if running:
         lines.append("* the process's running maximum (no peak reset on this system): not that variant's own peak")
+    if rounds == 1:
+        lines.append("one round: a machine whose speed drifts between variants moves these ratios (--rounds 3 "
+                     "repeats them in alternating order and gives their range)")
     return "\n".join(lines)
 
 

@@ -36,12 +36,13 @@ def test_demo_and_bench_end_to_end(tmp_path, capsys):
     assert "$ rpt copytest" in text and "copy corpus: repeats 3-6 passages" in text
 
     bench = tmp_path / "bench.json"
-    code = main(["bench", "--store", str(out / "store"), "--steps", "5", "--eval-lengths", "512,1024",
+    code = main(["bench", "--store", str(out / "store"), "--steps", "5", "--rounds", "2", "--eval-lengths", "512,1024",
                  "--skip-labels", "--out", str(bench)])
     assert code == 0
     b = json.loads(bench.read_text())
     assert set(b["training"]["variants"]) == set(VARIANTS)  # the baselines beside RPT's four
-    assert b["training"]["variants"]["xl"]["time_vs_xl"] == 1.0
+    assert b["training"]["variants"]["xl"]["time_vs_xl"] == 1.0 and b["training"]["rounds"] == 2
+    assert all(len(x["rounds"]["time_vs_xl"]) == 2 for x in b["training"]["variants"].values())
     sizes = [r["memory_bytes"] for r in b["eval_scaling"]["rows"]]
     assert 1.8 < sizes[1] / sizes[0] < 2.2  # the document memory grows linearly with the document
 

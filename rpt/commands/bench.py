@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=2, help="sequences per training step (default 2)")
     p.add_argument("--steps", type=int,
                    help="updates per variant (default 12, the first 3 warm-up; with --scale 3, the first warm-up)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over all variants, in alternating order (default 3): the ratio to xl is taken within "
+                        "each round, so a drift in the machine's speed moves both; the median and range are reported")
     p.add_argument("--eval-lengths", help="comma-separated document lengths in tokens (default 2048..32768)")
     p.add_argument("--label-sizes", default="100000,1000000", help="token counts for the BM25 comparison")
     p.add_argument("--skip-labels", action="store_true", help="skip the labelling benchmark")
@@ -97,10 +100,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.scale:
         return _scale(args)
+    if args.rounds < 1:
+        from rpt.utils import UserError
+
+        raise UserError(f"--rounds {args.rounds}: expected 1 or more")
     from rpt.bench import run_bench
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
-              segment_len=args.segment_len or None, batch_size=args.batch_size, steps=args.steps or 12,
+              segment_len=args.segment_len or None, batch_size=args.batch_size, steps=args.steps or 12, rounds=args.rounds,
               eval_lengths=_sizes(args.eval_lengths, "--eval-lengths") if args.eval_lengths else None,
               label_sizes=tuple(_sizes(args.label_sizes, "--label-sizes")), skip_labels=args.skip_labels,
               device=args.device, out=args.out)
