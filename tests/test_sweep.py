@@ -3,6 +3,7 @@ resumed without redoing finished work; stale runs and results named, never reuse
 work."""
 
 import json
+import os
 
 import pytest
 
@@ -27,7 +28,7 @@ def sweep(out, store, *flags, variants="xl,retro,rpt-lex", seeds="0,1", train=()
                  *SMALL, "--store", str(store), *train])
 
 
-def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store, tmp_path, capsys):
+def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     assert sweep(out, store, variants="xl") == 0
     assert "no test labels: no oracle" in capsys.readouterr().out
@@ -66,6 +67,12 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     assert "22 jobs, 21 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
     assert (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns == stamp
     assert len((out / "commands.txt").read_text().splitlines()) == 23
+
+    # the same folders named by relative paths are the same runs and results
+    monkeypatch.chdir(tmp_path)
+    assert sweep("sw", os.path.relpath(store, tmp_path), "--test-labels", str(test_labels)) == 0
+    assert "22 jobs, 22 already done" in capsys.readouterr().out
+    monkeypatch.undo()
 
     # what was made with other settings is named, never silently reused
     assert sweep(out, store, "--test-labels", str(test_labels), "--max-documents", "1") == 2
