@@ -372,7 +372,7 @@ def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = 
 
 
 def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "tiny", seq_len: int = 1024,
-              segment_len: int | None = 128, batch_size: int = 2, steps: int = 12, rounds: int = 1,
+              segment_len: int | None = 128, batch_size: int = 2, steps: int = 12, rounds: int = 3,
               eval_lengths: list[int] | None = None,
               label_sizes: tuple[int, ...] = (100_000, 1_000_000), skip_labels: bool = False, device: str | None = None,
               out: Path | None = None) -> dict[str, Any]:

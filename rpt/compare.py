@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpt.config import VARIANTS, RPTConfig, effective_fields, flat_config, with_former_defaults
+from rpt.config import VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths, with_former_defaults
 from rpt.utils import UserError
 
 DOMAINS = ("arxiv", "code", "pg19", "books3")
@@ -111,8 +111,9 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     settings: dict[tuple, Setting] = {}
     defaults = flat_config(RPTConfig().to_dict())  # a result written before a field existed ran with its default then
     for r in results:
-        flat = effective_fields({k: v for k, v in {**defaults, **flat_config(with_former_defaults(r["config"]))}.items()
-                                 if k not in _IGNORED and not k.startswith("eval.")})
+        recorded = {**defaults, **flat_config(with_former_defaults(r["config"]))}
+        flat = effective_fields(resolve_paths({k: v for k, v in recorded.items()
+                                               if k not in _IGNORED and not k.startswith("eval.")}))
         if flat["model.variant"] == "memorizing":  # the memory it was evaluated with (`rpt eval --memory-tokens`)
             flat["eval.memory_tokens"] = r["eval"].get("memory_tokens") or flat["model.memory_tokens"]
         k = int(r["eval"]["n_neighbors"])
@@ -286,8 +287,8 @@ def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False
     if st is None:
         return ""
     m, sd, n = st
-    scale, unit = (100, "%") if pct else (1, "")
-    text = f"{scale * m:.{1 if pct else digits}f}{unit}" + (f" ± {scale * sd:.{1 if pct else digits}f}" if n > 1 else "")
+    scale, unit, digits = (100, "%", 1) if pct else (1, "", digits)
+    text = f"{scale * m:.{digits}f}{unit}" + (f" ± {scale * sd:.{digits}f}" if n > 1 else "")
     return text + (f" (n={n})" if n_row is not None and n != n_row else "")
 
 

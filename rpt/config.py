@@ -304,6 +304,15 @@ _READ_ONLY_BY = {
 }
 
 
+# config fields that name a folder: two configs naming it by a relative and an absolute path are the same setting
+PATH_FIELDS = ("data.store", "train.out_dir")
+
+
+def resolve_paths(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config with its PATH_FIELDS resolved against the working directory (runs/x -> /abs/runs/x)."""
+    return {k: str(Path(v).resolve()) if k in PATH_FIELDS and isinstance(v, str) and v else v for k, v in flat.items()}
+
+
 def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
     """A flat config (`flat_config`) without the fields its variant never reads, and with automatic values resolved:
     what decides what the run computes."""

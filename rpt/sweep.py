@@ -40,7 +40,6 @@ from rpt.utils import UserError, write_json_atomic
 SWEEP_OWNED = ("--variant", "--seed", "--out", "--labels", "--no-resume", "--stop-after", "--no-progress", "--threads")
 # config keys that may differ between a finished run and the plan (bookkeeping: they change no weight)
 BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard")
-PATH_FIELDS = ("data.store", "train.out_dir")
 
 
 @dataclass
@@ -120,13 +119,10 @@ def eval_sources(variant: str, with_test_labels: bool) -> list[str]:
 
 def _flat_config(cfg) -> dict[str, Any]:
     """The fields a run's settings are compared by; paths resolved, so runs/x and /abs/runs/x are the same folder."""
-    from rpt.config import effective_fields, flat_config
+    from rpt.config import effective_fields, flat_config, resolve_paths
 
-    flat = {k: v for k, v in flat_config(cfg.to_dict()).items() if k not in BOOKKEEPING and not k.startswith("eval.")}
-    for key in PATH_FIELDS:
-        if isinstance(flat.get(key), str) and flat[key]:
-            flat[key] = str(Path(flat[key]).resolve())
-    return effective_fields(flat)
+    return effective_fields(resolve_paths({k: v for k, v in flat_config(cfg.to_dict()).items()
+                                           if k not in BOOKKEEPING and not k.startswith("eval.")}))
 
 
 def _check_run(run: Path, cfg) -> None:

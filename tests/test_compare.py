@@ -189,3 +189,12 @@ def test_one_seed_has_no_spread():
     assert _fmt((0.109, 0.004, 2), pct=True) == "10.9% ± 0.4"
     assert _fmt((126.84, 0.0, 1)) == "126.8"
     assert _fmt((1.0114, 0.0021, 3), digits=3, n_row=3) == "1.011 ± 0.002"
+
+
+def test_a_relative_and_an_absolute_store_path_are_one_setting(tmp_path, monkeypatch):
+    """Runs made with --store runs/s and with --store /abs/runs/s are paired and grouped as one setting."""
+    monkeypatch.chdir(tmp_path)
+    rs = [result("xl", 0, "none", 100.0), result("xl", 1, "none", 90.0)]
+    rs[0]["config"]["data"]["store"], rs[1]["config"]["data"]["store"] = "runs/s", str(tmp_path / "runs" / "s")
+    rows = compare(rs)["rows"]
+    assert len(rows) == 1 and rows[0]["seeds"] == [0, 1]
