@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each variant's training step in a fresh process: time vs xl, peak memory beside the "
                         "pre-flight estimate, largest batch in --memory-budget, MFU on GPU; e.g. --preset 250m "
                         "--seq-len 16384")
-    s.add_argument("--variants", default="xl,retro,rpt-sem", help="variants to measure (default xl,retro,rpt-sem)")
+    s.add_argument("--variants", default="xl,retro,rpt-sem",
+                   help="variants to measure, with --scale or --kernels (default xl,retro,rpt-sem)")
     s.add_argument("--vocab-size", type=int, help="model.vocab_size (default: the preset's)")
     s.add_argument("--memory-budget", type=float, metavar="GIB",
                    help="memory budget in GiB for the largest batch (default: the memory available now)")
@@ -45,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16: autocast on GPUs; default the preset's)")
     s.add_argument("--estimate-only", action="store_true",
                    help="estimates and largest batch only, nothing run (a config too big for this machine)")
+    k = p.add_argument_group("attention kernels (--kernels: no store needed)")
+    k.add_argument("--kernels", action="store_true",
+                   help="which SDPA kernel (flash, efficient, cudnn, flash-cpu or the unfused math path) each attention "
+                        "call site of --variants takes, in the training forward and in cached evaluation, at --preset, "
+                        "--seq-len, --precision and --device; read from the profiler, not assumed")
 
 
 def _sizes(text: str, flag: str) -> list[int]:
@@ -62,13 +68,10 @@ def _sizes(text: str, flag: str) -> list[int]:
 
 def _scale(args: argparse.Namespace) -> int:
     from rpt.bench import bench_scale, format_scale, machine
-    from rpt.config import PRESETS, VARIANTS
+    from rpt.config import PRESETS
     from rpt.utils import UserError, write_json_atomic
 
-    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        raise UserError(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
+    variants = _variants(args)
     if args.preset not in PRESETS:
         raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
     try:
@@ -93,11 +96,54 @@ def _scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _variants(args: argparse.Namespace) -> tuple[str, ...]:
+    from rpt.config import VARIANTS
+    from rpt.utils import UserError
+
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise UserError(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
+    return variants
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from rpt.bench import machine
+    from rpt.config import PRESETS
+    from rpt.kernels import format_kernels, probe_kernels
+    from rpt.utils import UserError, write_json_atomic
+
+    variants = _variants(args)
+    if args.preset not in PRESETS:
+        raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no GPU here")
+    info = machine()
+    print(f"machine: {info}", flush=True)
+    rows = []
+    for v in variants:
+        r = probe_kernels(v, args.preset, args.seq_len, args.batch_size, args.vocab_size, device, args.precision,
+                          segment_len=args.segment_len or None)
+        rows.append(r)
+        print(format_kernels(r), flush=True)
+    unfused = sorted({f"{r['variant']}: {row['site']} ({phase})" for r in rows for phase in ("train", "eval")
+                      for row in r.get(phase, []) if not row["fused"]})
+    print("\nunfused (math path): " + ("; ".join(unfused) if unfused else "none"))
+    write_json_atomic(args.out, {"machine": info, "kernels": rows})
+    print(f"\nresults: {args.out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.kernels:
+        return _kernels(args)
     if args.scale:
         return _scale(args)
     if args.rounds < 1:

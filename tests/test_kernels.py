@@ -1,0 +1,80 @@
+"""The attention-kernel check (rpt.kernels, `rpt bench --kernels`): it reads the kernel each SDPA call took from the
+profiler, names the call site, and catches the unfused math path."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rpt.cli import main
+from rpt.kernels import FUSED, probe_kernels, probe_sdpa
+
+
+class TwoCalls(nn.Module):
+    """One call a fused CPU kernel takes (no mask) and one it cannot (an additive mask that requires grad)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1, 1, 8, 8))
+
+    def plain(self, q: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q)
+
+    def learned_bias(self, q: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.plain(q) + self.learned_bias(q) + self.plain(q)
+
+
+def test_probe_names_sites_and_catches_the_math_path():
+    model = TwoCalls()
+    q = torch.randn(2, 2, 8, 16)
+    real = F.scaled_dot_product_attention
+    rows = {r["site"].split(":")[1].split(" ")[0]: r for r in probe_sdpa(lambda: model(q), model)}
+    assert set(rows) == {"TwoCalls.plain", "TwoCalls.learned_bias"}
+    assert rows["TwoCalls.plain"]["calls"] == 2 and rows["TwoCalls.learned_bias"]["calls"] == 1
+    assert rows["TwoCalls.learned_bias"]["kernels"] == {"math": 1} and not rows["TwoCalls.learned_bias"]["fused"]
+    assert "grad" in rows["TwoCalls.learned_bias"]["mask"]
+    assert set(rows["TwoCalls.plain"]["kernels"]) <= FUSED and rows["TwoCalls.plain"]["fused"]
+    model.bias.requires_grad_(False)  # the same bias, not learned: the fused kernel takes it
+    rows = {r["site"].split(":")[1].split(" ")[0]: r for r in probe_sdpa(lambda: model(q), model)}
+    assert rows["TwoCalls.learned_bias"]["fused"]
+    assert F.scaled_dot_product_attention is real  # put back afterwards
+
+
+def test_rpt_sem_kernels_on_cpu():
+    """What this CPU build takes for rpt-sem: the sliding window and every retriever attention fused, CCA's training
+    forward on the math path (its learned relative bias is a mask that requires grad), CCA fused in evaluation."""
+    r = probe_kernels("rpt-sem", "tiny", seq_len=512, batch_size=1, eval_tokens=256)
+    train = {row["site"]: row for row in r["train"]}
+    window = next(row for s, row in train.items() if "SelfAttention.forward" in s)
+    assert window["fused"] and window["calls"] == 4  # tiny: 4 layers
+    cca = [row for s, row in train.items() if "ChunkedCrossAttention" in s]
+    assert cca and not any(row["fused"] for row in cca) and "[layers.*.cca]" in cca[0]["site"]
+    assert all(row["fused"] for s, row in train.items() if "ChunkedCrossAttention" not in s)
+    assert all(row["fused"] for row in r["eval"]) and not r["fused"]
+    assert any("attend_after_cache < SelfAttention.step" in row["site"] for row in r["eval"])
+
+
+def test_bench_kernels_cli(tmp_path, capsys):
+    out = tmp_path / "k.json"
+    assert main(["bench", "--kernels", "--variants", "xl,retro", "--seq-len", "256", "--batch-size", "1",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "unfused (math path): retro: cca.py:ChunkedCrossAttention.forward [layers.*.cca] (train)" in text
+    data = json.loads(out.read_text())
+    assert [r["variant"] for r in data["kernels"]] == ["xl", "retro"] and data["kernels"][0]["fused"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["xl", "rpt-sem", "memorizing", "block-recurrent", "griffin"])
+def test_gpu_attention_is_fused_in_bf16(variant):
+    """On a GPU in bf16: every attention call, the sliding window and CCA included, takes flash, efficient or cuDNN."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    r = probe_kernels(variant, "small", seq_len=4096, batch_size=1, device="cuda", precision="bf16", eval_tokens=1024)
+    unfused = [(phase, row["site"], row["kernels"]) for phase in ("train", "eval") for row in r[phase] if not row["fused"]]
+    assert not unfused, unfused
