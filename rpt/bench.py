@@ -169,9 +169,10 @@ def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int
 
 def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                device: str = "cpu", steps: int = 2, loss_chunk: int | None = None, threads: int | None = None,
-               seed: int = 0, precision: str | None = None) -> dict[str, Any]:
+               seed: int = 0, precision: str | None = None, compile: bool = False) -> dict[str, Any]:
     """`steps` training updates of one variant on synthetic tokens and labels, in THIS process; returns seconds per
-    update (the median after the first) and the peak memory (max RSS on the CPU, max_memory_allocated on CUDA).
+    update (the median after the first), the first update's seconds (with compile=True: the compilation) and the peak
+    memory (max RSS on the CPU, max_memory_allocated on CUDA).
 
     The step is the training loop's: the model's forward with the chunked LM loss (or full logits, loss_chunk=0),
     retro fed random retrievable neighbours, rpt-lex / rpt-sem's LambdaRank loss over 4 random candidates per query
@@ -192,6 +193,8 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
     model = build_model(m).to(dev).train()
+    if compile:
+        model.compile()  # as the training loop does with train.compile
     opt = build_optimizer(model, cfg.train)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, m.vocab_size, (batch_size, seq_len), generator=g).to(dev)
@@ -199,7 +202,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     use_bf16 = cfg.train.precision == "bf16" and dev.type == "cuda"
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    stamps = []
+    stamps = [time.perf_counter()]
     for _ in range(steps):
         nb = (torch.randint(0, C, (batch_size, C, m.n_neighbors), generator=g).to(dev) if variant == "retro" else None)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
@@ -220,13 +223,13 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
         stamps.append(time.perf_counter())
     peak = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
             else peak_rss_mb() * 2**20)
-    dts = np.diff(stamps)
+    dts = np.diff(stamps[1:])
     n_params = model.num_parameters()
     row = {"variant": variant, "preset": preset, "seq_len": seq_len, "batch_size": batch_size,
            "vocab_size": m.vocab_size, "loss_chunk": cfg.train.loss_chunk, "device": str(dev), "parameters": n_params,
-           "precision": "bf16" if use_bf16 else "fp32",
+           "precision": "bf16" if use_bf16 else "fp32", "compile": compile,
            "seconds_per_update": float(np.median(dts)) if len(dts) else None, "updates_timed": len(dts),
-           "peak_bytes": int(peak)}
+           "first_update_s": stamps[1] - stamps[0], "peak_bytes": int(peak)}
     if row["seconds_per_update"]:
         row["tokens_per_s"] = batch_size * seq_len / row["seconds_per_update"]
         if dev.type == "cuda":
@@ -273,21 +276,24 @@ def largest_batch(cfg: RPTConfig, budget_bytes: float, device: str, limit: int =
 def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str, ...] = ("xl", "retro", "rpt-sem"),
                 batch_size: int = 1, vocab_size: int | None = None, device: str = "cpu", steps: int = 3,
                 loss_chunks: tuple[int, ...] = (0,), budget_gib: float | None = None, threads: int | None = None,
-                measure: bool = True, precision: str | None = None) -> dict[str, Any]:
+                measure: bool = True, precision: str | None = None,
+                compile_modes: tuple[bool, ...] = (False,)) -> dict[str, Any]:
     """Each variant's step at this scale, measured in its own process (`measure_step`), beside the estimate.
 
     loss_chunks: extra xl rows with train.loss_chunk set to these values (0 = full logits), to set the chunked loss
     (the default) against the full logits. budget_gib: report the largest batch whose estimate fits (default: the
-    memory available now). measure=False: estimates only (a config too big for this machine)."""
+    memory available now). measure=False: estimates only (a config too big for this machine). compile_modes: (False,
+    True) measures every variant eager and under torch.compile; time_vs_xl compares rows of one mode, and a compiled
+    row's compile_speedup is the eager row's time over its own."""
     from rpt.train.memory import available_bytes, estimate_step_memory
 
     gpu_missing = device.startswith("cuda") and not torch.cuda.is_available()
     if gpu_missing and measure:
         raise UserError(f"--device {device}: no GPU here; add --estimate-only for the estimates alone")
     budget = budget_gib * 2**30 if budget_gib else (None if gpu_missing else available_bytes(device))
-    runs = [(v, None) for v in variants] + [("xl", c) for c in loss_chunks]
+    runs = [(v, None, c) for c in compile_modes for v in variants] + [("xl", n, compile_modes[0]) for n in loss_chunks]
     rows = []
-    for v, chunk in runs:
+    for v, chunk, comp in runs:
         cfg = RPTConfig.from_preset(preset, variant=v, **({"vocab_size": vocab_size} if vocab_size else {}))
         cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
         if chunk is not None:
@@ -295,23 +301,29 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
         if precision:
             cfg.train.precision = precision
         est = estimate_step_memory(cfg, device)
-        row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "estimate_bytes": est.total,
+        row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "compile": comp, "estimate_bytes": est.total,
                "estimate": est.describe(), "parameters": est.parameters,
                "largest_batch": largest_batch(cfg, budget, device) if budget else None}
         if measure:
             try:
                 row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
                                         vocab_size=vocab_size, device=device, steps=steps,
-                                        loss_chunk=cfg.train.loss_chunk, threads=threads, precision=precision))
+                                        loss_chunk=cfg.train.loss_chunk, threads=threads, precision=precision,
+                                        compile=comp))
                 row["estimate_vs_peak"] = est.total / row["peak_bytes"]
             except UserError as e:  # e.g. killed for memory: a finding to report, and the other rows still run
                 row["error"] = str(e)
         rows.append(row)
         print(format_scale_row(row), flush=True)
-    base = next((r.get("seconds_per_update") for r in rows if r["variant"] == "xl"), None)
+    first = {(r["variant"], r["compile"]): r for r in reversed(rows)}  # each variant's first row of each mode
     for r in rows:
-        if base and r.get("seconds_per_update"):
-            r["time_vs_xl"] = r["seconds_per_update"] / base
+        sec = r.get("seconds_per_update")
+        base = first.get(("xl", r["compile"]), {}).get("seconds_per_update")
+        if base and sec:
+            r["time_vs_xl"] = sec / base
+        eager = first.get((r["variant"], False), {}).get("seconds_per_update")
+        if r["compile"] and eager and sec and r["loss_chunk"] == first[(r["variant"], False)]["loss_chunk"]:
+            r["compile_speedup"] = eager / sec
     return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "device": device,
             "precision": precision or "the preset's", "budget_bytes": budget, "rows": rows}
 
@@ -320,13 +332,16 @@ def format_scale_row(r: dict[str, Any]) -> str:
     from rpt.train.memory import gib
 
     loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
-    text = f"{r['variant']:<15} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
+    name = r["variant"] + (" compiled" if r.get("compile") else "")
+    text = f"{name:<24} {r['parameters'] / 1e6:7.1f}M  {loss:<13} estimate {gib(r['estimate_bytes']):>9}"
     if "error" in r:
         text += f"  FAILED: {r['error'].rsplit(': ', 1)[-1]}"
     if "peak_bytes" in r:
         text += f"  measured peak {gib(r['peak_bytes']):>9}"
         if r.get("seconds_per_update"):
-            text += f"  {r['seconds_per_update']:8.2f} s/update {r['tokens_per_s']:9.0f} tokens/s"
+            text += f"  {r['seconds_per_update']:8.3f} s/update {r['tokens_per_s']:9.0f} tokens/s"
+            if r.get("compile"):
+                text += f" (first update {r['first_update_s']:.0f} s)"
         if "mfu" in r:
             text += f"  MFU {100 * r['mfu']:.1f}%"
     if r.get("largest_batch") is not None:
@@ -341,7 +356,8 @@ def format_scale(r: dict[str, Any]) -> str:
     lines = [f"training step at scale: preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, "
              f"{r['device']}{budget}"]
     for x in r["rows"]:
-        lines.append(format_scale_row(x) + (f"  {x['time_vs_xl']:.2f}x xl" if "time_vs_xl" in x else ""))
+        lines.append(format_scale_row(x) + (f"  {x['time_vs_xl']:.2f}x xl" if "time_vs_xl" in x else "")
+                     + (f"  {x['compile_speedup']:.2f}x faster than eager" if "compile_speedup" in x else ""))
     return "\n".join(lines)
 
 

@@ -204,6 +204,8 @@ class TrainConfig:
     gate_hold_steps: int = 0  # the neighbour gate's parameters stay at their initial values for this many updates
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs
+    # torch.compile the model in place (its state_dict keys do not change); the first update pays the compilation
+    compile: bool = False
     out_dir: str = "runs/rpt"
     checkpoint_every: int = 100
     keep_last: int = 3

@@ -68,3 +68,25 @@ def test_peak_rss_is_reset_between_variants():
     table = {"preset": "tiny", "batch_size": 1, "seq_len": 8, "steps_timed": 1}
     assert "running maximum" not in format_training({**table, "variants": {"xl": {**row, "peak_rss_scope": "variant"}}})
     assert "running maximum" in format_training({**table, "variants": {"xl": {**row, "peak_rss_scope": "process"}}})
+
+
+def test_bench_scale_compile_both_compares_within_each_mode(monkeypatch):
+    """--compile both: every variant eager and compiled; time_vs_xl within a mode, compile_speedup per variant
+    (measure_step scripted here; tests/train/test_train_loop.py compiles for real)."""
+    import rpt.bench as B
+
+    secs = {("xl", False): 1.0, ("rpt-sem", False): 2.0, ("xl", True): 0.5, ("rpt-sem", True): 2.5}
+
+    def fake(**spec):
+        s = secs[(spec["variant"], spec["compile"])]
+        return {"seconds_per_update": s, "tokens_per_s": 512 / s, "peak_bytes": 2**20, "updates_timed": 1,
+                "first_update_s": 9.0, "compile": spec["compile"]}
+
+    monkeypatch.setattr(B, "measure_step", fake)
+    r = B.bench_scale("tiny", 512, ("xl", "rpt-sem"), device="cpu", loss_chunks=(), compile_modes=(False, True),
+                      budget_gib=1)
+    rows = {(x["variant"], x["compile"]): x for x in r["rows"]}
+    assert rows[("rpt-sem", False)]["time_vs_xl"] == 2.0 and rows[("rpt-sem", True)]["time_vs_xl"] == 5.0
+    assert rows[("xl", True)]["compile_speedup"] == 2.0 and rows[("rpt-sem", True)]["compile_speedup"] == 0.8
+    assert "compile_speedup" not in rows[("xl", False)]
+    assert "rpt-sem compiled" in B.format_scale(r) and "0.80x faster than eager" in B.format_scale(r)

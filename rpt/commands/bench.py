@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--loss-chunks", default="0",
                    help="extra xl rows with train.loss_chunk set to each of these (0 = full logits; default 0)")
     s.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16: autocast on GPUs; default the preset's)")
+    s.add_argument("--compile", choices=["off", "on", "both"], default="off",
+                   help="torch.compile the model (as train.compile does): off, on, or both (every variant eager and "
+                        "compiled, side by side; default off)")
     s.add_argument("--estimate-only", action="store_true",
                    help="estimates and largest batch only, nothing run (a config too big for this machine)")
     k = p.add_argument_group("attention kernels (--kernels: no store needed)")
@@ -89,7 +92,8 @@ def _scale(args: argparse.Namespace) -> int:
     print(f"machine: {info}", flush=True)
     r = bench_scale(args.preset, args.seq_len, variants, batch_size=args.batch_size, vocab_size=args.vocab_size,
                     device=device, steps=args.steps or 3, loss_chunks=chunks, budget_gib=args.memory_budget,
-                    threads=args.threads, measure=not args.estimate_only, precision=args.precision)
+                    threads=args.threads, measure=not args.estimate_only, precision=args.precision,
+                    compile_modes={"off": (False,), "on": (True,), "both": (False, True)}[args.compile])
     print(format_scale(r))
     write_json_atomic(args.out, {"machine": info, "scale": r})
     print(f"\nresults: {args.out}")

@@ -335,6 +335,10 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     # ---- model, optimiser, state
     _seed_everything(tc.seed)
     model = model_factory(mcfg).to(dev)
+    if tc.compile:
+        if fsdp:
+            raise ValueError("train.compile with fsdp is not supported: compile without --fsdp, or turn compile off")
+        model.compile()  # in place: the wrapped model, its parameters and checkpoint keys stay the same objects
     model = D.wrap(model, info, fsdp=fsdp)
     optimizer = build_optimizer(model, tc)
     start = 0

@@ -258,3 +258,25 @@ def test_the_chunked_lm_loss_trains_like_the_full_logits(corpus):
     # float rounding only: Adam normalises each gradient, so an element whose gradient is ~0 can move by up to ~lr
     # on one path and not the other; the gradients themselves are compared exactly in tests/model
     assert max(diff.values()) < 1e-3, diff
+
+
+def test_compiled_training_matches_eager_and_writes_the_same_checkpoint_keys(corpus):
+    """train.compile=true: the model is compiled in place; losses and weights follow the eager run to float rounding
+    (inductor fuses and reorders), and the checkpoint has the eager model's keys (it loads into an uncompiled model)."""
+    runs = {}
+    for comp in (False, True):
+        cfg = tiny_config(corpus["tmp"] / f"compile{comp}", steps=2, compile=comp)
+        runs[comp] = train(cfg, corpus["root"], corpus["labels"], progress=False)
+    a, b = (read_log(corpus["tmp"] / f"compile{c}" / "run") for c in (False, True))
+    assert [r["lm_loss"] for r in a] == pytest.approx([r["lm_loss"] for r in b], rel=1e-4)
+    wa, wb = weights(runs[False].checkpoint), weights(runs[True].checkpoint)
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-3
+    model, cfg = ck.load_model(runs[True].checkpoint)
+    assert cfg.train.compile and getattr(model, "_compiled_call_impl", None) is None  # loaded eager, as saved
+
+
+def test_compile_with_fsdp_is_refused(corpus):
+    cfg = tiny_config(corpus["tmp"], steps=1, compile=True)
+    with pytest.raises(ValueError, match="train.compile with fsdp"):
+        train(cfg, corpus["root"], corpus["labels"], progress=False, fsdp=True)
