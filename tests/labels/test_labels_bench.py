@@ -32,3 +32,6 @@ def test_benchmark_runs_and_reports_ratios():
     assert res["scorer"]["tokens"] > 0 and res["scorer"]["ratio_ours_over_plain"] > 0
     report = bench.format_report(res)
     assert "ours/bm25s" in report and "ours/rank_bm25" in report and "ours/plain" in report and "CPUs" in report
+    s = res["scorer"]
+    assert s["hours_per_billion_tokens"] * 3600 * s["chunks_per_s"] == pytest.approx(1e9 / 64)
+    assert "device-hours to label a billion training tokens" in report
