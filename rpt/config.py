@@ -86,6 +86,10 @@ class ModelConfig:
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05
+    # dropout on the attention probabilities (-1: `dropout`, the paper's one rate). 0 keeps every attention call on a
+    # fused kernel on a CPU, which has none with attention dropout: xl's step at the small preset ~2x faster there
+    # (docs/results.md §2c); GPUs' fused kernels take dropout
+    attn_dropout: float = -1.0
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -148,6 +152,9 @@ class ModelConfig:
         bad = [i for i in self.cca_layers if not self.n_lower <= i < self.n_layers]
         if bad and self.uses_retrieval:  # the other variants have no CCA: cca_layers is not read
             raise ConfigError(f"model.cca_layers {bad} are not upper-decoder layers [{self.n_lower}, {self.n_layers})")
+        if not (0 <= self.dropout < 1 and (self.attn_dropout == -1 or 0 <= self.attn_dropout < 1)):
+            raise ConfigError(f"model.dropout={self.dropout} and model.attn_dropout={self.attn_dropout} must be in [0, 1) "
+                              "(attn_dropout -1: the same as dropout)")
         if self.n_neighbors < 1:
             raise ConfigError("model.n_neighbors must be >= 1")
         if self.cca_qk_match_std < 0:

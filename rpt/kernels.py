@@ -1,8 +1,10 @@
 """Which attention kernel each `scaled_dot_product_attention` call of a model actually runs (checked, not assumed).
 
 PyTorch picks a fused kernel (flash, memory-efficient, cuDNN; on a CPU its own flash kernel) only when the inputs
-allow it — an explicit mask, a head size, a dtype or a stride can send a call to the unfused "math" path, which
-materialises the [Tq, Tk] score matrix in fp32 and is several times slower and bigger at long lengths. Nothing warns.
+allow it — a mask, attention dropout, a head size, a dtype or a stride can send a call to the unfused "math" path,
+which materialises the [Tq, Tk] score matrix and is slower and bigger at long lengths. Nothing warns. Seen on this
+project's CPU build (docs/results.md §2c): attention dropout > 0 (every preset but tiny trains with 0.05) and a mask
+that requires grad (CCA's learned relative bias) both take the math path.
 
 `probe_sdpa` runs a forward pass under the profiler with every SDPA call wrapped in a label naming its call site
 (file and function), then reads which aten kernel ran beneath each label. The result is one row per call site: the
@@ -83,8 +85,10 @@ def labelled_sdpa(model: torch.nn.Module | None = None) -> Iterator[list[dict[st
         if getattr(depth, "n", 0):
             return real(*args, **kwargs)
         q, k = args[0], args[1]
+        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
         calls.append({"site": _site(sys._getframe(1), modules), "q": list(q.shape), "k": list(k.shape),
-                      "dtype": str(q.dtype).replace("torch.", ""), "mask": _mask_kind(kwargs, args), "device": q.device.type})
+                      "dtype": str(q.dtype).replace("torch.", ""), "mask": _mask_kind(kwargs, args),
+                      "dropout": float(dropout), "device": q.device.type})
         depth.n = 1
         try:
             with torch.profiler.record_function(f"{_LABEL}{len(calls) - 1}"):
@@ -127,7 +131,7 @@ def probe_sdpa(run: Callable[[], Any], model: torch.nn.Module | None = None) -> 
             taken[int(e.name[len(_LABEL):])] = _kernels_below(e)
     rows: dict[tuple, dict[str, Any]] = {}
     for i, c in enumerate(calls):
-        key = (c["site"], c["mask"].split(" [")[0], c["dtype"])
+        key = (c["site"], c["mask"].split(" [")[0], c["dtype"], c["dropout"])
         row = rows.setdefault(key, {**c, "calls": 0, "kernels": {}})
         row["calls"] += 1
         for kname in taken.get(i, []) or ["unknown"]:
@@ -139,14 +143,14 @@ def probe_sdpa(run: Callable[[], Any], model: torch.nn.Module | None = None) -> 
 
 
 def format_sdpa(rows: list[dict[str, Any]]) -> str:
-    table = [("call site", "calls", "q shape", "dtype", "mask", "kernel")]
+    table = [("call site", "calls", "q shape", "dtype", "mask", "dropout", "kernel")]
     for r in rows:
         kern = ", ".join(f"{k} x{n}" if len(r["kernels"]) > 1 else k for k, n in r["kernels"].items())
-        table.append((r["site"], str(r["calls"]), str(r["q"]), r["dtype"], r["mask"],
+        table.append((r["site"], str(r["calls"]), str(r["q"]), r["dtype"], r["mask"], f"{r['dropout']:g}",
                       kern + ("" if r["fused"] else "   <- unfused")))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    return "\n".join("  ".join(row[i].rjust(w) if i == 1 else row[i].ljust(w) for i, w in enumerate(widths))
-                     + "  " + row[5] for row in table)
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
+    return "\n".join("  ".join(row[i].rjust(w) if i in (1, 5) else row[i].ljust(w) for i, w in enumerate(widths))
+                     + "  " + row[6] for row in table)
 
 
 def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch_size: int = 1,

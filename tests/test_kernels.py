@@ -78,3 +78,41 @@ def test_gpu_attention_is_fused_in_bf16(variant):
     r = probe_kernels(variant, "small", seq_len=4096, batch_size=1, device="cuda", precision="bf16", eval_tokens=1024)
     unfused = [(phase, row["site"], row["kernels"]) for phase in ("train", "eval") for row in r[phase] if not row["fused"]]
     assert not unfused, unfused
+
+
+def test_attention_dropout_is_recorded_and_takes_the_math_path_on_cpu():
+    """This CPU build has no fused kernel with attention dropout: every preset but tiny trains with dropout 0.05."""
+    q = torch.randn(1, 2, 8, 16)
+    rows = probe_sdpa(lambda: (F.scaled_dot_product_attention(q, q, q, dropout_p=0.1),
+                               F.scaled_dot_product_attention(q, q, q)))
+    assert [(r["dropout"], r["fused"]) for r in rows] == [(0.1, False), (0.0, True)]
+    assert rows[0]["kernels"] == {"math": 1}
+
+
+@pytest.mark.parametrize("variant", ["rpt-sem", "memorizing", "block-recurrent", "griffin"])
+def test_attn_dropout_sets_the_dropout_of_every_attention_call(variant):
+    """model.attn_dropout: -1 (default) keeps the one dropout rate on the attention probabilities too; 0 turns it off
+    in every attention call of every variant (so a CPU takes its fused kernels) and leaves the residual dropout."""
+    from rpt.config import RPTConfig
+    from rpt.model.registry import build_model
+
+    seen, residual = {}, {}
+    for attn in (-1.0, 0.0):
+        cfg = RPTConfig.from_preset("tiny", variant=variant)
+        cfg.model.dropout, cfg.model.attn_dropout = 0.05, attn
+        model = build_model(cfg.model, seed=0).train()
+        ids = torch.randint(0, cfg.model.vocab_size, (1, 256))
+        rows = probe_sdpa(lambda m=model, x=ids: m(x), model)
+        seen[attn] = {r["dropout"] for r in rows if "StateCell" not in r["site"]}  # the state's own attention: none
+        residual[attn] = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    assert seen == {-1.0: {0.05}, 0.0: {0.0}}
+    assert residual[0.0] == residual[-1.0] and 0.05 in residual[0.0]  # the other dropouts are left as they were
+
+
+def test_attn_dropout_out_of_range_is_refused():
+    from rpt.config import ConfigError, RPTConfig
+
+    cfg = RPTConfig.from_preset("tiny")
+    cfg.model.attn_dropout = 1.5
+    with pytest.raises(ConfigError, match="model.attn_dropout=1.5"):
+        cfg.validate()

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="model preset of every benchmarked model (default tiny)")
     p.add_argument("--seq-len", type=int, default=1024,
                    help="training sequence length; the labels must have this span (default 1024)")
-    p.add_argument("--segment-len", type=int, default=128, help="model.segment_len (0: the preset's)")
+    p.add_argument("--segment-len", type=int,
+                   help="model.segment_len (0: the preset's; default 128, with --kernels the preset's)")
     p.add_argument("--batch-size", type=int, default=2, help="sequences per training step (default 2)")
     p.add_argument("--steps", type=int,
                    help="updates per variant (default 12, the first 3 warm-up; with --scale 3, the first warm-up)")
@@ -130,7 +131,7 @@ def _kernels(args: argparse.Namespace) -> int:
     rows = []
     for v in variants:
         r = probe_kernels(v, args.preset, args.seq_len, args.batch_size, args.vocab_size, device, args.precision,
-                          segment_len=args.segment_len or None)
+                          segment_len=args.segment_len or None)  # unset or 0: the preset's
         rows.append(r)
         print(format_kernels(r), flush=True)
     unfused = sorted({f"{r['variant']}: {row['site']} ({phase})" for r in rows for phase in ("train", "eval")
@@ -157,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     from rpt.bench import run_bench
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
-              segment_len=args.segment_len or None, batch_size=args.batch_size, steps=args.steps or 12, rounds=args.rounds,
+              segment_len=128 if args.segment_len is None else (args.segment_len or None), batch_size=args.batch_size,
+              steps=args.steps or 12, rounds=args.rounds,
               eval_lengths=_sizes(args.eval_lengths, "--eval-lengths") if args.eval_lengths else None,
               label_sizes=tuple(_sizes(args.label_sizes, "--label-sizes")), skip_labels=args.skip_labels,
               device=args.device, out=args.out)

@@ -211,7 +211,7 @@ class RecurrentLayer(nn.Module):
         """Tokens h [B', L, D] read the state's keys/values [B', H, N, E] (all of it: it holds only the past)."""
         q = _heads(self.read_q(h), self.n_heads)
         y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype),
-                                           dropout_p=self.read_drop.p if self.training else 0.0)
+                                           dropout_p=self.attn.attn_dropout if self.training else 0.0)
         return self.read_drop(self.read_out(_merge(y)))
 
     def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -154,6 +154,6 @@ class ChunkedCrossAttention(nn.Module):
         v = torch.cat([self.null_v.view(1, H, 1, E).expand(N, -1, -1, -1).to(v.dtype), v], dim=2)
         mask = mask.expand(N, -1, M, -1)
         mask = torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], dim=-1)  # [N, 1 or H, M, 1 + L]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=a.dropout.p if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=a.attn_dropout if self.training else 0.0)
         y = a.dropout(a.out(y.transpose(1, 2).reshape(N, M, D)))
         return y.view(B, R * M, D)[:, front : front + n]

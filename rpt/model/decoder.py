@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rpt.config import ModelConfig, RPTConfig
-from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin
+from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin, set_attention_dropout
 from rpt.train.losses import lm_loss_chunked
 
 
@@ -99,6 +99,7 @@ class SegmentDecoder(TiedLM, nn.Module):
         self.layers = nn.ModuleList(self.build_layers(cfg))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        set_attention_dropout(self, cfg.attn_dropout)
         self.init_extra(seed)
 
     def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:

@@ -122,6 +122,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
         self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = dropout  # on the attention probabilities (set_attention_dropout: model.attn_dropout)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         B, T, _ = x.shape
@@ -141,7 +142,7 @@ class SelfAttention(nn.Module):
         mask = segment_window_mask(nS, S, x.device)[:, None].repeat(B, 1, 1, 1)  # [B*nS, 1, S, 2S]
         y = F.scaled_dot_product_attention(q.reshape(B * nS, H, S, E), k.reshape(B * nS, H, 2 * S, E),
                                            v.reshape(B * nS, H, 2 * S, E), attn_mask=mask,
-                                           dropout_p=self.dropout.p if self.training else 0.0)
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
         y = y.view(B, nS, H, S, E).permute(0, 1, 3, 2, 4).reshape(B, T, D)  # [B, nS, S, H, E] -> [B, T, D]
         return self.dropout(self.out(y))
 
@@ -168,6 +169,7 @@ class Attention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
         self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = dropout  # on the attention probabilities (set_attention_dropout: model.attn_dropout)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -191,8 +193,18 @@ class Attention(nn.Module):
             if mask is not None:  # the extra key is always visible (bool True / additive 0)
                 first = torch.ones_like(mask[..., :1]) if mask.dtype == torch.bool else torch.zeros_like(mask[..., :1])
                 mask = torch.cat([first, mask], dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
         return self.dropout(self.out(y.transpose(1, 2).reshape(N, Tq, D)))
+
+
+def set_attention_dropout(model: nn.Module, p: float) -> None:
+    """model.attn_dropout: the dropout rate on the attention probabilities of every attention module in `model`
+    (-1 leaves each at its module's dropout). The residual and MLP dropouts keep `model.dropout`."""
+    if p < 0:
+        return
+    for m in model.modules():
+        if hasattr(m, "attn_dropout"):
+            m.attn_dropout = p
 
 
 def init_weights(module: nn.Module, std: float, n_layers: int, seed: int) -> None:

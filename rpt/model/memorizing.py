@@ -284,7 +284,7 @@ class KNNAttention(SelfAttention):
         """The memory attention: scores [B, H, Q, k] (q . k of the retrieved keys, -inf for empty slots), values
         [B, H, Q, k, E] -> [B, H, Q, E] fp32."""
         p = torch.softmax(scores.float() / math.sqrt(self.head_dim), dim=-1)
-        p = F.dropout(p, self.dropout.p, self.training)
+        p = F.dropout(p, self.attn_dropout, self.training)
         return torch.einsum("bhqk,bhqke->bhqe", p, values.float())
 
     def _mix(self, local: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
@@ -323,7 +323,7 @@ class KNNAttention(SelfAttention):
         mask = segment_window_mask(nS, S, x.device)[:, None].repeat(B, 1, 1, 1)  # [B*nS, 1, S, 2S]
         y = F.scaled_dot_product_attention(qs.reshape(B * nS, H, S, E), ks.reshape(B * nS, H, 2 * S, E),
                                            vs.reshape(B * nS, H, 2 * S, E), attn_mask=mask,
-                                           dropout_p=self.dropout.p if self.training else 0.0)
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
         y = y.view(B, nS, H, S, E).transpose(1, 2).reshape(B, H, T, E)
         if nS > 2:  # segments 0 and 1 have an empty memory: local attention only
             with torch.autocast(x.device.type, enabled=False):  # search and memory attention in fp32

@@ -26,7 +26,7 @@ from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
 from rpt.model.decoder import TiedLM, draw_seed
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, set_attention_dropout
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
@@ -129,6 +129,7 @@ class RPT(TiedLM, nn.Module):
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        set_attention_dropout(self, cfg.attn_dropout)
         if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
             self._cca_copy_prior(seed)
 
