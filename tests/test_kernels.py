@@ -116,3 +116,19 @@ def test_attn_dropout_out_of_range_is_refused():
     cfg.model.attn_dropout = 1.5
     with pytest.raises(ConfigError, match="model.attn_dropout=1.5"):
         cfg.validate()
+
+
+def test_attn_dropout_benchmark_runs(tmp_path):
+    """benchmarks/attn_dropout.py (the §2c measurement) at a toy size: three settings per variant, ratios per round."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attn_dropout.py"
+    spec = importlib.util.spec_from_file_location("attn_dropout_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.json"
+    mod.main(["preset=tiny", "seq=256", "variants=xl", "rounds=2", "steps=1", f"out={out}"])
+    rows = json.loads(out.read_text())["variants"]["xl"]
+    assert set(rows) == set(mod.SETTINGS) and rows["attn_dropout=0"]["ratio_to_attn_dropout_0"] == [1.0, 1.0]
+    assert all(len(r["seconds_per_update"]) == 2 for r in rows.values())
