@@ -332,7 +332,11 @@ def to_markdown(table: dict[str, Any]) -> str:
                     shown[who].append(means)
                     fixed = {"bm25": "BM25", "dpr": "DPR-style"}[who]
                     name = fixed if len(shown[who]) == 1 else f"{fixed} (with {r['label']})"
-                cells = [name, str(m[0][2]), *(_fmt(x, pct=True) for x in m)]
+                n = m[0][2]
+                if who != "model" and n > 1 and all(x[1] == 0 for x in m):  # one ranking seen n times: no spread to show
+                    cells = [name, f"{n} (same ranking)", *(_fmt((x[0], 0.0, 1), pct=True) for x in m)]
+                else:
+                    cells = [name, str(n), *(_fmt(x, pct=True) for x in m)]
                 if paper:
                     ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))
                     cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")

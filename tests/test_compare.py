@@ -66,6 +66,8 @@ def test_markdown_shows_spread_metrics_and_one_bm25_row():
     assert "| rpt-lex | 3 | 101.0 ± 1.0 |" in text
     assert "| rpt-lex | 3 | 11.0% ± 1.0 | 20.0% ± 0.0 | 30.0% ± 0.0 | 26% / 52% / 23% |" in text
     assert text.count("| BM25 |") == 1 and "BM25 (with" not in text
+    bm25 = next(line for line in text.splitlines() if line.startswith("| BM25 |"))
+    assert "(same ranking)" in bm25 and "±" not in bm25  # the labels' ranking, identical for every seed: no "± 0.0"
 
 
 def test_files_and_folders_and_errors(tmp_path, capsys):
