@@ -132,3 +132,11 @@ def test_attn_dropout_benchmark_runs(tmp_path):
     rows = json.loads(out.read_text())["variants"]["xl"]
     assert set(rows) == set(mod.SETTINGS) and rows["attn_dropout=0"]["ratio_to_attn_dropout_0"] == [1.0, 1.0]
     assert all(len(r["seconds_per_update"]) == 2 for r in rows.values())
+
+
+@pytest.mark.parametrize("flags, needle", [(["--variants", "xl,gpt"], "--variants"), (["--preset", "huge"], "--preset")]
+                         + ([(["--device", "cuda"], "--device cuda")] if not torch.cuda.is_available() else []))
+def test_bench_kernels_bad_flags_are_one_line(flags, needle, capsys):
+    assert main(["bench", "--kernels", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1

@@ -71,13 +71,10 @@ def _sizes(text: str, flag: str) -> list[int]:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from rpt.bench import bench_scale, format_scale, machine
-    from rpt.config import PRESETS
+    from rpt.bench import bench_scale, format_scale
     from rpt.utils import UserError, write_json_atomic
 
     variants = _variants(args)
-    if args.preset not in PRESETS:
-        raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
     try:
         chunks = tuple(int(x) for x in args.loss_chunks.split(",") if x.strip())
     except ValueError:
@@ -86,11 +83,7 @@ def _scale(args: argparse.Namespace) -> int:
         raise UserError(f"--loss-chunks {args.loss_chunks!r}: expected comma-separated token counts >= 0 (0 = full logits)")
     if args.memory_budget is not None and args.memory_budget <= 0:
         raise UserError(f"--memory-budget {args.memory_budget}: expected a positive number of GiB")
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    info = machine()
-    print(f"machine: {info}", flush=True)
+    device, info = _device_and_machine(args)
     r = bench_scale(args.preset, args.seq_len, variants, batch_size=args.batch_size, vocab_size=args.vocab_size,
                     device=device, steps=args.steps or 3, loss_chunks=chunks, budget_gib=args.memory_budget,
                     threads=args.threads, measure=not args.estimate_only, precision=args.precision,
@@ -102,32 +95,41 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _variants(args: argparse.Namespace) -> tuple[str, ...]:
-    from rpt.config import VARIANTS
+    """--variants, and --preset checked with them (--scale and --kernels take both)."""
+    from rpt.config import PRESETS, VARIANTS
     from rpt.utils import UserError
 
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise UserError(f"--variants {args.variants!r}: choose from {', '.join(VARIANTS)}")
+    if args.preset not in PRESETS:
+        raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
     return variants
+
+
+def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
+    """--device (default cuda when available) and the machine's description, printed."""
+    import torch
+
+    from rpt.bench import machine
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    info = machine()
+    print(f"machine: {info}", flush=True)
+    return device, info
 
 
 def _kernels(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.bench import machine
-    from rpt.config import PRESETS
     from rpt.kernels import format_kernels, probe_kernels
     from rpt.utils import UserError, write_json_atomic
 
     variants = _variants(args)
-    if args.preset not in PRESETS:
-        raise UserError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no GPU here")
-    info = machine()
-    print(f"machine: {info}", flush=True)
+    device, info = _device_and_machine(args)
     rows = []
     for v in variants:
         r = probe_kernels(v, args.preset, args.seq_len, args.batch_size, args.vocab_size, device, args.precision,
