@@ -35,7 +35,7 @@ def runs(arg: str) -> dict[int, Path]:
 
 
 def block_means(log: Path, block: int, upto: int | None) -> dict[int, float]:
-    """End step of each full block -> mean logged lm_loss over the log rows in it."""
+    """End step of each block (the last may be partial) -> mean logged lm_loss over the log rows in it."""
     rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     out: dict[int, list[float]] = {}
     for r in rows:
@@ -46,8 +46,13 @@ def block_means(log: Path, block: int, upto: int | None) -> dict[int, float]:
 
 
 def main(argv: list[str]) -> dict:
-    opts = dict(a.split("=", 1) for a in argv if "=" in a and not Path(a).exists())
-    paths = [a for a in argv if a not in {f"{k}={v}" for k, v in opts.items()}]
+    opts, paths = {}, []
+    for a in argv:  # key=value options; everything else (an existing path with "=" too) is a run folder
+        if "=" in a and not Path(a).exists():
+            key, value = a.split("=", 1)
+            opts[key] = value
+        else:
+            paths.append(a)
     if len(paths) < 2:
         raise SystemExit(__doc__)
     block, upto = int(opts.get("block", 100)), int(opts["upto"]) if "upto" in opts else None

@@ -167,6 +167,22 @@ def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int
     return out
 
 
+def scale_config(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
+                 precision: str | None = None, loss_chunk: int | None = None,
+                 segment_len: int | None = None) -> RPTConfig:
+    """The config of a synthetic-data measurement (`rpt bench --scale`, `--kernels`): a preset's, with the overrides
+    given (None keeps the preset's)."""
+    cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
+    cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
+    if loss_chunk is not None:
+        cfg.train.loss_chunk = loss_chunk
+    if precision:
+        cfg.train.precision = precision
+    if segment_len:
+        cfg.model.segment_len = segment_len
+    return cfg
+
+
 def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                device: str = "cpu", steps: int = 2, loss_chunk: int | None = None, threads: int | None = None,
                seed: int = 0, precision: str | None = None, compile: bool = False) -> dict[str, Any]:
@@ -184,12 +200,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
-    if loss_chunk is not None:
-        cfg.train.loss_chunk = loss_chunk
-    if precision:
-        cfg.train.precision = precision
-    cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
+    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, loss_chunk)
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
     model = build_model(m).to(dev).train()
@@ -294,12 +305,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
     runs = [(v, None, c) for c in compile_modes for v in variants] + [("xl", n, compile_modes[0]) for n in loss_chunks]
     rows = []
     for v, chunk, comp in runs:
-        cfg = RPTConfig.from_preset(preset, variant=v, **({"vocab_size": vocab_size} if vocab_size else {}))
-        cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
-        if chunk is not None:
-            cfg.train.loss_chunk = chunk
-        if precision:
-            cfg.train.precision = precision
+        cfg = scale_config(v, preset, seq_len, batch_size, vocab_size, precision, chunk)
         est = estimate_step_memory(cfg, device)
         row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "compile": comp, "estimate_bytes": est.total,
                "estimate": est.describe(), "parameters": est.parameters,

@@ -159,17 +159,12 @@ def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch
     """The SDPA kernels one variant's model takes, at a preset and length: in the training forward (model in train
     mode, the chunked LM loss, retro fed random neighbours) and in cached evaluation of an `eval_tokens`-token document
     (default: seq_len; 0 skips it), under bf16 autocast when `precision` is bf16 on a GPU."""
-    from rpt.config import RPTConfig
+    from rpt.bench import scale_config
     from rpt.eval.perplexity import evaluate_document
     from rpt.model.registry import build_model
     from rpt.train.losses import forward_lm
 
-    over = {"vocab_size": vocab_size} if vocab_size else {}
-    cfg = RPTConfig.from_preset(preset, variant=variant, **over)
-    if segment_len:
-        cfg.model.segment_len = segment_len
-    if precision:
-        cfg.train.precision = precision
+    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, segment_len=segment_len)
     m, dev = cfg.model, torch.device(device)
     model = build_model(m, seed=seed).to(dev)
     bf16 = cfg.train.precision == "bf16" and dev.type == "cuda"
