@@ -11,6 +11,7 @@ alone on the machine. `loss_chunk=0` measures the full-logit loss (the default i
     python benchmarks/memory_estimate.py loss_chunk=0
     python benchmarks/memory_estimate.py variants=memorizing seq=8192 repeat=3      # the peak's run-to-run spread
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/memory_estimate.py ...          # glibc: no heap fragmentation
+    python benchmarks/memory_estimate.py preset=small set=model.attn_dropout=0      # config fields (;-separated)
 
 `repeat=N` measures each config N times (fresh processes) and reports the smallest and largest peak: on glibc the
 peak RSS of one config varies from run to run with the allocator's dynamic mmap threshold (memorizing, 2 x 8,192
@@ -26,8 +27,7 @@ import sys
 def main(argv: list[str]) -> None:
     import torch
 
-    from rpt.bench import measure_step
-    from rpt.config import RPTConfig
+    from rpt.bench import measure_step, scale_config
     from rpt.train.memory import estimate_step_memory, gib
     from rpt.utils import UserError
 
@@ -39,25 +39,27 @@ def main(argv: list[str]) -> None:
     dev = opts.get("device", "cuda" if torch.cuda.is_available() else "cpu")
     repeat = int(opts.get("repeat", 1))
     chunk = int(opts["loss_chunk"]) if "loss_chunk" in opts else None  # None: the config's default (chunked)
+    import yaml
+
+    overrides = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in opts["set"].split(";"))} if "set" in opts else {}
     rows = []
     print(f"{'variant':8} {'tokens':>7} {'estimate':>10} {'measured':>10} {'est/meas':>8}")
     for v in variants:
         for T in seqs:
             try:
                 peaks = [measure_step(variant=v, preset=preset, seq_len=T, batch_size=batch, vocab_size=vocab,
-                                      device=dev, steps=2, loss_chunk=chunk, threads=1)["peak_bytes"]
+                                      device=dev, steps=2, loss_chunk=chunk, threads=1,
+                                      overrides=overrides)["peak_bytes"]
                          for _ in range(repeat)]
             except UserError as e:
                 print(f"{v} {T}: failed: {e}")
                 continue
             peak = max(peaks)
-            cfg = RPTConfig.from_preset(preset, variant=v, vocab_size=vocab)
-            cfg.data.seq_len, cfg.train.batch_size = T, batch
-            if chunk is not None:
-                cfg.train.loss_chunk = chunk
+            cfg = scale_config(v, preset, T, batch, vocab, loss_chunk=chunk, overrides=overrides)
             est = estimate_step_memory(cfg, dev)
             rows.append({"variant": v, "preset": preset, "seq_len": T, "batch_size": batch, "vocab_size": vocab,
-                         "device": dev, "loss_chunk": chunk, "estimate_bytes": est.total, "measured_peak_bytes": peak,
+                         "device": dev, "loss_chunk": chunk, "overrides": overrides, "estimate_bytes": est.total,
+                         "measured_peak_bytes": peak,
                          "ratio": est.total / peak, "measured_peaks_bytes": peaks})
             spread = f"  (peaks {gib(min(peaks))} - {gib(max(peaks))} over {repeat} runs)" if repeat > 1 else ""
             print(f"{v:8} {T:7d} {gib(est.total):>10} {gib(peak):>10} {est.total / peak:8.2f}{spread}")

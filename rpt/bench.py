@@ -169,9 +169,9 @@ def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int
 
 def scale_config(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                  precision: str | None = None, loss_chunk: int | None = None,
-                 segment_len: int | None = None) -> RPTConfig:
+                 segment_len: int | None = None, overrides: dict[str, Any] | None = None) -> RPTConfig:
     """The config of a synthetic-data measurement (`rpt bench --scale`, `--kernels`): a preset's, with the overrides
-    given (None keeps the preset's)."""
+    given (None keeps the preset's); `overrides` maps dotted fields to values, e.g. {"model.attn_dropout": 0}."""
     cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
     cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
     if loss_chunk is not None:
@@ -180,12 +180,20 @@ def scale_config(variant: str, preset: str, seq_len: int, batch_size: int = 1, v
         cfg.train.precision = precision
     if segment_len:
         cfg.model.segment_len = segment_len
+    for key, value in (overrides or {}).items():
+        section, _, name = key.partition(".")
+        part = getattr(cfg, section, None)
+        if part is None or not name or not hasattr(part, name):
+            raise UserError(f"--set {key}: no such config field (keys look like model.attn_dropout or train.lr)")
+        setattr(part, name, value)
+    cfg.model.validate()
     return cfg
 
 
 def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                device: str = "cpu", steps: int = 2, loss_chunk: int | None = None, threads: int | None = None,
-               seed: int = 0, precision: str | None = None, compile: bool = False) -> dict[str, Any]:
+               seed: int = 0, precision: str | None = None, compile: bool = False,
+               overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """`steps` training updates of one variant on synthetic tokens and labels, in THIS process; returns seconds per
     update (the median after the first), the first update's seconds (with compile=True: the compilation) and the peak
     memory (max RSS on the CPU, max_memory_allocated on CUDA).
@@ -200,7 +208,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
 
     if threads:
         torch.set_num_threads(threads)
-    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, loss_chunk)
+    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, loss_chunk, overrides=overrides)
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
     model = build_model(m).to(dev).train()
@@ -240,7 +248,7 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
            "vocab_size": m.vocab_size, "loss_chunk": cfg.train.loss_chunk, "device": str(dev), "parameters": n_params,
            "precision": "bf16" if use_bf16 else "fp32", "compile": compile,
            "seconds_per_update": float(np.median(dts)) if len(dts) else None, "updates_timed": len(dts),
-           "first_update_s": stamps[1] - stamps[0], "peak_bytes": int(peak)}
+           "first_update_s": stamps[1] - stamps[0], "peak_bytes": int(peak), "overrides": overrides or {}}
     if row["seconds_per_update"]:
         row["tokens_per_s"] = batch_size * seq_len / row["seconds_per_update"]
         if dev.type == "cuda":
@@ -288,7 +296,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
                 batch_size: int = 1, vocab_size: int | None = None, device: str = "cpu", steps: int = 3,
                 loss_chunks: tuple[int, ...] = (0,), budget_gib: float | None = None, threads: int | None = None,
                 measure: bool = True, precision: str | None = None,
-                compile_modes: tuple[bool, ...] = (False,)) -> dict[str, Any]:
+                compile_modes: tuple[bool, ...] = (False,), overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each variant's step at this scale, measured in its own process (`measure_step`), beside the estimate.
 
     loss_chunks: extra xl rows with train.loss_chunk set to these values (0 = full logits), to set the chunked loss
@@ -305,7 +313,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
     runs = [(v, None, c) for c in compile_modes for v in variants] + [("xl", n, compile_modes[0]) for n in loss_chunks]
     rows = []
     for v, chunk, comp in runs:
-        cfg = scale_config(v, preset, seq_len, batch_size, vocab_size, precision, chunk)
+        cfg = scale_config(v, preset, seq_len, batch_size, vocab_size, precision, chunk, overrides=overrides)
         est = estimate_step_memory(cfg, device)
         row = {"variant": v, "loss_chunk": cfg.train.loss_chunk, "compile": comp, "estimate_bytes": est.total,
                "estimate": est.describe(), "parameters": est.parameters,
@@ -315,7 +323,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
                 row.update(measure_step(variant=v, preset=preset, seq_len=seq_len, batch_size=batch_size,
                                         vocab_size=vocab_size, device=device, steps=steps,
                                         loss_chunk=cfg.train.loss_chunk, threads=threads, precision=precision,
-                                        compile=comp))
+                                        compile=comp, overrides=overrides))
                 row["estimate_vs_peak"] = est.total / row["peak_bytes"]
             except UserError as e:  # e.g. killed for memory: a finding to report, and the other rows still run
                 row["error"] = str(e)
@@ -331,7 +339,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
         if r["compile"] and eager and sec and r["loss_chunk"] == first[(r["variant"], False)]["loss_chunk"]:
             r["compile_speedup"] = eager / sec
     return {"preset": preset, "seq_len": seq_len, "batch_size": batch_size, "device": device,
-            "precision": precision or "the preset's", "budget_bytes": budget, "rows": rows}
+            "precision": precision or "the preset's", "budget_bytes": budget, "overrides": overrides or {}, "rows": rows}
 
 
 def format_scale_row(r: dict[str, Any]) -> str:

@@ -109,6 +109,11 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def attention_dropout(self) -> float:
+        """The dropout rate on attention probabilities in training: attn_dropout, or dropout where that is -1."""
+        return self.dropout if self.attn_dropout < 0 else self.attn_dropout
+
+    @property
     def memory_layer_index(self) -> int:
         """The memorizing layer: as configured, else n_layers - 4 (index 8 of 12, as Wu et al.'s official config), never
         below the middle layer (index 2 of the tiny preset's 4)."""

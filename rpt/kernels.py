@@ -155,7 +155,8 @@ def format_sdpa(rows: list[dict[str, Any]]) -> str:
 
 def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch_size: int = 1,
                   vocab_size: int | None = None, device: str = "cpu", precision: str | None = None,
-                  segment_len: int | None = None, eval_tokens: int | None = None, seed: int = 0) -> dict[str, Any]:
+                  segment_len: int | None = None, eval_tokens: int | None = None, seed: int = 0,
+                  overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The SDPA kernels one variant's model takes, at a preset and length: in the training forward (model in train
     mode, the chunked LM loss, retro fed random neighbours) and in cached evaluation of an `eval_tokens`-token document
     (default: seq_len; 0 skips it), under bf16 autocast when `precision` is bf16 on a GPU."""
@@ -164,7 +165,8 @@ def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch
     from rpt.model.registry import build_model
     from rpt.train.losses import forward_lm
 
-    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, segment_len=segment_len)
+    cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, segment_len=segment_len,
+                       overrides=overrides)
     m, dev = cfg.model, torch.device(device)
     model = build_model(m, seed=seed).to(dev)
     bf16 = cfg.train.precision == "bf16" and dev.type == "cuda"

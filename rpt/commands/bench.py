@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--compile", choices=["off", "on", "both"], default="off",
                    help="torch.compile the model (as train.compile does): off, on, or both (every variant eager and "
                         "compiled, side by side; default off)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config field for every measured model, with --scale or --kernels, value in YAML, e.g. "
+                        "--set model.attn_dropout=0 (the CPU's fused attention)")
     s.add_argument("--estimate-only", action="store_true",
                    help="estimates and largest batch only, nothing run (a config too big for this machine)")
     k = p.add_argument_group("attention kernels (--kernels: no store needed)")
@@ -70,6 +73,21 @@ def _sizes(text: str, flag: str) -> list[int]:
     return sizes
 
 
+def _overrides(args: argparse.Namespace) -> dict:
+    """--set KEY=VALUE pairs (values in YAML) -> {dotted key: value}; checked when the configs are built."""
+    import yaml
+
+    from rpt.utils import UserError
+
+    out = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise UserError(f"--set {item}: expected KEY=VALUE with a dotted key, e.g. model.attn_dropout=0")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def _scale(args: argparse.Namespace) -> int:
     from rpt.bench import bench_scale, format_scale
     from rpt.utils import UserError, write_json_atomic
@@ -87,7 +105,8 @@ def _scale(args: argparse.Namespace) -> int:
     r = bench_scale(args.preset, args.seq_len, variants, batch_size=args.batch_size, vocab_size=args.vocab_size,
                     device=device, steps=args.steps or 3, loss_chunks=chunks, budget_gib=args.memory_budget,
                     threads=args.threads, measure=not args.estimate_only, precision=args.precision,
-                    compile_modes={"off": (False,), "on": (True,), "both": (False, True)}[args.compile])
+                    compile_modes={"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
+                    overrides=_overrides(args))
     print(format_scale(r))
     write_json_atomic(args.out, {"machine": info, "scale": r})
     print(f"\nresults: {args.out}")
@@ -133,7 +152,7 @@ def _kernels(args: argparse.Namespace) -> int:
     rows = []
     for v in variants:
         r = probe_kernels(v, args.preset, args.seq_len, args.batch_size, args.vocab_size, device, args.precision,
-                          segment_len=args.segment_len or None)  # unset or 0: the preset's
+                          segment_len=args.segment_len or None, overrides=_overrides(args))  # unset or 0: the preset's
         rows.append(r)
         print(format_kernels(r), flush=True)
     unfused = sorted({f"{r['variant']}: {row['site']} ({phase})" for r in rows for phase in ("train", "eval")

@@ -36,10 +36,16 @@ class TiedLM:
 
     @staticmethod
     def attention_layer_elements(cfg: ModelConfig, math_attention: bool) -> int:
-        """Elements one token keeps for the backward pass in one pre-norm SwiGLU layer with sliding-window attention:
-        about 8 D (norms, q/k/v, the attention output, residuals) + 4 F (the MLP), plus on the math attention path
-        (the CPU's) two [H, 2S] score rows (scores and probabilities over the 2S-token window)."""
-        return 8 * cfg.d_model + 4 * cfg.mlp_hidden + (2 * cfg.n_heads * 2 * cfg.segment_len if math_attention else 0)
+        """Elements one token keeps for the backward pass in one pre-norm SwiGLU layer with sliding-window attention,
+        as counted with saved-tensor hooks (tests/train/test_memory_estimate.py): 4 F in the MLP; 12 D in the norms,
+        q/k/v with their rotary products, the attention output and the residuals; D for each of the two residual
+        dropouts when model.dropout > 0. Then the attention's own. `math_attention`: the unfused path, which a CPU
+        takes whenever the attention probabilities take dropout (no fused CPU kernel does); it keeps three [H, 2S]
+        rows per token (the probabilities, the dropout mask, the dropped probabilities). A fused kernel keeps none,
+        only the boolean window mask made float: 2S."""
+        D, H, S = cfg.d_model, cfg.n_heads, cfg.segment_len
+        dropouts = 2 * D if cfg.dropout > 0 else 0
+        return 4 * cfg.mlp_hidden + 12 * D + dropouts + (3 * H * 2 * S if math_attention else 2 * S)
 
     @classmethod
     def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:

@@ -1,0 +1,64 @@
+"""The memory benchmarks run as documented (toy sizes), and `rpt bench --set` reaches the measured configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from rpt.cli import main
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch):
+    out = tmp_path / "m.json"
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    _load("memory_estimate").main(["seq=256", "variants=xl", "batch=1", "set=model.dropout=0.05;model.attn_dropout=0",
+                                   f"out={out}"])
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["overrides"] == {"model.dropout": 0.05, "model.attn_dropout": 0}
+    assert row["measured_peak_bytes"] > 0 and 0.3 < row["ratio"] < 3
+
+
+def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch):
+    out = tmp_path / "t.json"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "999")  # the benchmark sets it per probe and restores it after
+    _load("malloc_threshold").main(["seq=256", "variants=xl", "rounds=2", "steps=2", f"out={out}"])
+    import os
+
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999"
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"xl | default", "xl | fixed 131072"}
+    assert rows["xl | default"]["time_vs_default"] == 1.0
+    assert all(len(r["seconds_per_update"]) == 2 and len(r["peak_bytes"]) == 2 for r in rows.values())
+
+
+def test_bench_scale_set_reaches_the_estimate(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    args = ["bench", "--scale", "--preset", "small", "--seq-len", "2048", "--variants", "xl", "--loss-chunks", "",
+            "--estimate-only", "--device", "cpu", "--memory-budget", "8", "--out", str(out)]
+    rows = []
+    for extra in ([], ["--set", "model.attn_dropout=0"]):
+        assert main([*args, *extra]) == 0
+        rows.append(json.loads(out.read_text())["scale"])
+    paper, fused = rows
+    assert fused["overrides"] == {"model.attn_dropout": 0} and paper["overrides"] == {}
+    # the CPU's math path (attention dropout) keeps three [H, 2S] rows a token and layer: the estimate says so
+    assert paper["rows"][0]["estimate_bytes"] > 1.5 * fused["rows"][0]["estimate_bytes"]
+
+
+@pytest.mark.parametrize("value, needle", [("model.nope=1", "model.nope"), ("attn_dropout=0", "dotted key")])
+def test_bench_scale_bad_set_is_one_line(value, needle, capsys):
+    assert main(["bench", "--scale", "--estimate-only", "--variants", "xl", "--set", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
