@@ -38,6 +38,9 @@ KERNELS = {
     "aten::_scaled_dot_product_attention_math": "math",
 }
 FUSED = {"flash", "flash-cpu", "efficient", "cudnn", "fused-other"}
+# CCA's direct attention (rpt.model.cca.attend_with_bias: one matmul, biases added in place, softmax), which CCA takes
+# in CPU training instead of SDPA's math path: unfused too, and reported as the kernel "direct"
+DIRECT = "direct"
 _LABEL = "sdpa@"
 _INDEX = re.compile(r"(^|[.])[0-9]+(?=[.]|$)")  # a layer index in a module name
 
@@ -73,34 +76,48 @@ def _site(frame: Any, modules: dict[int, str]) -> str:
 
 @contextlib.contextmanager
 def labelled_sdpa(model: torch.nn.Module | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Inside: every F.scaled_dot_product_attention call runs under a profiler label `sdpa@<index>`; yields the list
-    of calls (site, shapes, dtype, mask), index = position in it; with `model`, sites name its submodules. Nested
-    calls (a CausalBias re-dispatching) count as their outer call."""
+    """Inside: every F.scaled_dot_product_attention call, and every call of CCA's direct attention
+    (`rpt.model.cca.attend_with_bias`), runs under a profiler label `sdpa@<index>`; yields the list of calls (site,
+    shapes, dtype, mask), index = position in it; with `model`, sites name its submodules. Nested calls (a CausalBias
+    re-dispatching) count as their outer call."""
+    from rpt.model import cca
+
     modules = {id(m): n for n, m in model.named_modules()} if model is not None else {}
     real: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
+    real_direct: Callable[..., torch.Tensor] = cca.attend_with_bias
     calls: list[dict[str, Any]] = []
     depth = threading.local()
 
-    def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if getattr(depth, "n", 0):
-            return real(*args, **kwargs)
-        q, k = args[0], args[1]
-        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
-        calls.append({"site": _site(sys._getframe(1), modules), "q": list(q.shape), "k": list(k.shape),
-                      "dtype": str(q.dtype).replace("torch.", ""), "mask": _mask_kind(kwargs, args),
-                      "dropout": float(dropout), "device": q.device.type})
-        depth.n = 1
-        try:
-            with torch.profiler.record_function(f"{_LABEL}{len(calls) - 1}"):
-                return real(*args, **kwargs)
-        finally:
-            depth.n = 0
+    def wrap(fn: Callable[..., torch.Tensor], direct: bool) -> Callable[..., torch.Tensor]:
+        def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if getattr(depth, "n", 0):
+                return fn(*args, **kwargs)
+            q, k = args[0], args[1]
+            if direct:  # (q, k, v, key_bias, rel, dropout_p)
+                dropout, bias = args[5], args[4]
+                mask = f"float{' grad' if bias.requires_grad else ''} (bias added in place) {list(bias.shape)}"
+            else:
+                dropout, mask = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0), _mask_kind(kwargs, args)
+            calls.append({"site": _site(sys._getframe(1), modules), "q": list(q.shape), "k": list(k.shape),
+                          "dtype": str(q.dtype).replace("torch.", ""), "mask": mask, "dropout": float(dropout),
+                          "device": q.device.type, "direct": direct})
+            depth.n = 1
+            try:
+                with torch.profiler.record_function(f"{_LABEL}{len(calls) - 1}"):
+                    return fn(*args, **kwargs)
+            finally:
+                depth.n = 0
 
-    F.scaled_dot_product_attention = wrapped  # modules look it up at call time: `F.scaled_dot_product_attention(...)`
+        return wrapped
+
+    # modules look both up at call time: `F.scaled_dot_product_attention(...)`, cca's module-level `attend_with_bias`
+    F.scaled_dot_product_attention = wrap(real, False)
+    cca.attend_with_bias = wrap(real_direct, True)
     try:
         yield calls
     finally:
         F.scaled_dot_product_attention = real
+        cca.attend_with_bias = real_direct
 
 
 def _kernels_below(event: Any) -> list[str]:
@@ -118,7 +135,7 @@ def _kernels_below(event: Any) -> list[str]:
 def probe_sdpa(run: Callable[[], Any], model: torch.nn.Module | None = None) -> list[dict[str, Any]]:
     """Run `run()` (e.g. a model's forward) and return one row per SDPA call site (named after `model`'s submodules
     when given): site, calls, q/k shape of its first call, dtype, mask kind and `kernels` ({kernel: calls}); `fused`
-    is False when any call took "math" (or no kernel was seen)."""
+    is False when any call took "math" or CCA's "direct" attention (or no kernel was seen)."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # read when the profiler starts: no "USDT ... profiler_start" lines
     from torch.profiler import ProfilerActivity, profile
 
@@ -134,11 +151,11 @@ def probe_sdpa(run: Callable[[], Any], model: torch.nn.Module | None = None) -> 
         key = (c["site"], c["mask"].split(" [")[0], c["dtype"], c["dropout"])
         row = rows.setdefault(key, {**c, "calls": 0, "kernels": {}})
         row["calls"] += 1
-        for kname in taken.get(i, []) or ["unknown"]:
+        for kname in taken.get(i, []) or [DIRECT if c["direct"] else "unknown"]:
             row["kernels"][kname] = row["kernels"].get(kname, 0) + 1
     out = list(rows.values())
     for r in out:
-        r["fused"] = not ({"math", "unknown"} & set(r["kernels"]))
+        r["fused"] = not ({"math", "unknown", DIRECT} & set(r["kernels"]))
     return out
 
 

@@ -47,16 +47,27 @@ def test_probe_names_sites_and_catches_the_math_path():
 
 def test_rpt_sem_kernels_on_cpu():
     """What this CPU build takes for rpt-sem: the sliding window and every retriever attention fused, CCA's training
-    forward on the math path (its learned relative bias is a mask that requires grad), CCA fused in evaluation."""
+    forward unfused (its learned relative bias is a mask that requires grad: CCA attends directly, or with
+    direct_attention off through SDPA's math path), CCA fused in evaluation."""
     r = probe_kernels("rpt-sem", "tiny", seq_len=512, batch_size=1, eval_tokens=256)
     train = {row["site"]: row for row in r["train"]}
     window = next(row for s, row in train.items() if "SelfAttention.forward" in s)
     assert window["fused"] and window["calls"] == 4  # tiny: 4 layers
     cca = [row for s, row in train.items() if "ChunkedCrossAttention" in s]
     assert cca and not any(row["fused"] for row in cca) and "[layers.*.cca]" in cca[0]["site"]
+    assert {k for row in cca for k in row["kernels"]} == {"direct"} and all(row["calls"] == 2 for row in cca)
     assert all(row["fused"] for s, row in train.items() if "ChunkedCrossAttention" not in s)
     assert all(row["fused"] for row in r["eval"]) and not r["fused"]
     assert any("attend_after_cache < SelfAttention.step" in row["site"] for row in r["eval"])
+
+
+def test_cca_through_sdpa_takes_the_math_path_in_cpu_training(monkeypatch):
+    from rpt.model.cca import ChunkedCrossAttention
+
+    monkeypatch.setattr(ChunkedCrossAttention, "direct_attention", False)
+    r = probe_kernels("retro", "tiny", seq_len=512, batch_size=1, eval_tokens=0)
+    cca = [row for row in r["train"] if "ChunkedCrossAttention" in row["site"]]
+    assert cca and {k for row in cca for k in row["kernels"]} == {"math"} and "grad" in cca[0]["mask"]
 
 
 def test_bench_kernels_cli(tmp_path, capsys):
@@ -64,7 +75,7 @@ def test_bench_kernels_cli(tmp_path, capsys):
     assert main(["bench", "--kernels", "--variants", "xl,retro", "--seq-len", "256", "--batch-size", "1",
                  "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "unfused (math path): retro: cca.py:ChunkedCrossAttention.forward [layers.*.cca] (train)" in text
+    assert "unfused (math path or direct): retro: cca.py:ChunkedCrossAttention.forward [layers.*.cca] (train)" in text
     data = json.loads(out.read_text())
     assert [r["variant"] for r in data["kernels"]] == ["xl", "retro"] and data["kernels"][0]["fused"]
 

@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="estimates and largest batch only, nothing run (a config too big for this machine)")
     k = p.add_argument_group("attention kernels (--kernels: no store needed)")
     k.add_argument("--kernels", action="store_true",
-                   help="which SDPA kernel (flash, efficient, cudnn, flash-cpu or the unfused math path) each attention "
+                   help="which SDPA kernel (flash, efficient, cudnn, flash-cpu, the unfused math path, or CCA's unfused "
+                        "direct attention in CPU training) each attention "
                         "call site of --variants takes, in the training forward and in cached evaluation, at --preset, "
                         "--seq-len, --precision and --device; read from the profiler, not assumed")
 
@@ -157,7 +158,7 @@ def _kernels(args: argparse.Namespace) -> int:
         print(format_kernels(r), flush=True)
     unfused = sorted({f"{r['variant']}: {row['site']} ({phase})" for r in rows for phase in ("train", "eval")
                       for row in r.get(phase, []) if not row["fused"]})
-    print("\nunfused (math path): " + ("; ".join(unfused) if unfused else "none"))
+    print("\nunfused (math path or direct): " + ("; ".join(unfused) if unfused else "none"))
     write_json_atomic(args.out, {"machine": info, "kernels": rows})
     print(f"\nresults: {args.out}")
     return 0

@@ -97,6 +97,12 @@ class ChunkedCrossAttention(nn.Module):
     causal neighbour state at k knows nothing of token k + 1).
     """
 
+    # Training on a CPU with the learned relative bias: attend directly (one matmul, the biases added in place, softmax)
+    # instead of through scaled_dot_product_attention, which takes its unfused math path there anyway (no fused CPU
+    # kernel differentiates a mask) after the [N, H, M, 1 + L] mask has been built, masked and concatenated in full.
+    # Same function; benchmarks/cca_attention.py measures both. GPUs keep SDPA (its kernels take a bias gradient).
+    direct_attention: bool = True
+
     def __init__(self, dim: int, n_heads: int, chunk_size: int, dropout: float, rope_base: float = 10000.0,
                  positions: bool = True, eps: float = 1e-6, ctx_norm: bool = True, rel_bias: bool = False,
                  shift_values: bool = False, rel_bias_init: str = "alibi", rel_bias_scale: float = 1.0) -> None:
@@ -141,19 +147,40 @@ class ChunkedCrossAttention(nn.Module):
             q, k = apply_rotary(q, cq, sq), apply_rotary(k, ck, sk)
         if nkv.scale is not None:
             v = v * nkv.scale[:, lo : lo + R].reshape(N, 1, L, 1).to(v.dtype)
-        logit_bias = torch.zeros(N, 1, 1, L, dtype=q.dtype, device=x.device)
+        # additive logits per key: -inf for a missing neighbour token (or a shifted-out last key), the gate's bias
+        key_bias = torch.zeros(N, 1, 1, L, dtype=q.dtype, device=x.device).masked_fill(~keep[:, None, None, :],
+                                                                                      float("-inf"))
         if nkv.bias is not None:
-            logit_bias = logit_bias + nkv.bias[:, lo : lo + R].reshape(N, 1, 1, L).to(q.dtype)
-        if self.rel_bias is not None:  # offset k - u in [-(M-1), 2M-1] -> index k - u + M - 1
+            key_bias = key_bias + nkv.bias[:, lo : lo + R].reshape(N, 1, 1, L).to(q.dtype)
+        rel = None
+        if self.rel_bias is not None:  # offset k - u in [-(M-1), 2M-1] -> index k - u + M - 1: [1, H, M, L]
             u = torch.arange(M, device=x.device)
             kk = torch.arange(L, device=x.device) % (2 * M)
-            logit_bias = logit_bias + self.rel_bias[:, kk[None, :] - u[:, None] + M - 1].to(q.dtype)[None]  # [1, H, M, L]
-        mask = torch.where(keep[:, None, None, :], logit_bias, torch.full_like(logit_bias, float("-inf")))
-        # the learned null key/value: always visible, no position, no gate
+            rel = self.rel_bias[:, kk[None, :] - u[:, None] + M - 1].to(q.dtype)[None]
+        # the learned null key/value first: always visible, no position, no gate, no bias
         k = torch.cat([self.null_k.view(1, H, 1, E).expand(N, -1, -1, -1).to(k.dtype), k], dim=2)
         v = torch.cat([self.null_v.view(1, H, 1, E).expand(N, -1, -1, -1).to(v.dtype), v], dim=2)
-        mask = mask.expand(N, -1, M, -1)
-        mask = torch.cat([mask.new_zeros(*mask.shape[:-1], 1), mask], dim=-1)  # [N, 1 or H, M, 1 + L]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=a.attn_dropout if self.training else 0.0)
+        key_bias = F.pad(key_bias, (1, 0))  # [N, 1, 1, 1 + L]
+        rel = None if rel is None else F.pad(rel, (1, 0))  # [1, H, M, 1 + L]
+        p_drop = a.attn_dropout if self.training else 0.0
+        if self.direct_attention and x.device.type == "cpu" and rel is not None and torch.is_grad_enabled():
+            y = attend_with_bias(q, k, v, key_bias, rel, p_drop)
+        else:
+            mask = key_bias if rel is None else key_bias + rel  # [N, 1 or H, 1 or M, 1 + L]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop)
         y = a.dropout(a.out(y.transpose(1, 2).reshape(N, M, D)))
         return y.view(B, R * M, D)[:, front : front + n]
+
+
+def attend_with_bias(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor, rel: torch.Tensor,
+                      dropout_p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(E) + key_bias + rel) v, with dropout on the probabilities: q [N, H, M, E], k / v
+    [N, H, L', E], key_bias [N, 1, 1, L'], rel [1, H, M, L'] -> [N, H, M, E]. The biases are added in place into the
+    one score tensor the matmul makes (its backward needs q and k, not its output), so no mask of the scores' size is
+    ever built."""
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
+    scores.add_(rel).add_(key_bias)
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        probs = F.dropout(probs, dropout_p)
+    return torch.matmul(probs, v)

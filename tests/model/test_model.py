@@ -381,3 +381,26 @@ def test_cca_identity_ov_init_passes_a_read_state_through():
     changed = {n for (n, p), (_, q) in zip(base.named_parameters(), ov.named_parameters(), strict=True)
                if not torch.equal(p, q)}
     assert changed == {f"layers.{i}.cca.attn.{w}.weight" for i in base.cfg.cca_layers for w in ("out", "kv")}
+
+
+@pytest.mark.parametrize("variant", ["retro", "rpt-sem"])
+@pytest.mark.parametrize("gate", ["paper", "bias"])
+def test_cca_direct_attention_is_sdpa_s_function_with_the_same_gradients(variant, gate, monkeypatch):
+    """CCA's direct attention in CPU training (biases added in place into one score tensor) computes what SDPA with
+    the full additive mask computes: the same logits and the same gradient in every parameter, the learned relative
+    bias and the bias gate included."""
+    from rpt.model.cca import ChunkedCrossAttention
+
+    model = make(variant, gate)
+    x = torch.randint(0, V, (2, T))
+    got = {}
+    for direct in (False, True):
+        monkeypatch.setattr(ChunkedCrossAttention, "direct_attention", direct)
+        model.zero_grad(set_to_none=True)
+        out = run(model, x, variant)
+        out.logits.square().mean().backward()
+        got[direct] = out.logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    torch.testing.assert_close(got[True][0], got[False][0], atol=2e-5, rtol=1e-4)
+    assert got[True][1].keys() == got[False][1].keys() and any("rel_bias" in n for n in got[True][1])
+    for name, g in got[False][1].items():
+        torch.testing.assert_close(got[True][1][name], g, atol=1e-6, rtol=1e-3, msg=name)
