@@ -34,8 +34,10 @@ have fitted either. The GPU branch (bf16 activations, fused kernels keeping no s
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -148,11 +150,18 @@ def saved_tensor_bytes(cfg: RPTConfig, seed: int = 0) -> dict[str, int]:
     m, B, T = cfg.model, cfg.train.batch_size, cfg.data.seq_len
     torch.manual_seed(seed)
     model = build_model(m).train()
-    where = ["(top)"]
+    where = ["(top)"]  # the module whose forward is running now, innermost last
+
+    def enter(module: torch.nn.Module, args: Any, name: str) -> None:
+        where.append(name or "(top)")
+
+    def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+        where.pop()
+
     hooks = []
     for name, module in model.named_modules():
-        hooks.append(module.register_forward_pre_hook(lambda mod, a, n=name: where.append(n or "(top)")))
-        hooks.append(module.register_forward_hook(lambda mod, a, o: where.pop() and None))
+        hooks.append(module.register_forward_pre_hook(functools.partial(enter, name=name)))
+        hooks.append(module.register_forward_hook(leave))
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, tuple[str, int]] = {}
 
