@@ -26,6 +26,7 @@ import sys
 
 def main(argv: list[str]) -> None:
     import torch
+    import yaml
 
     from rpt.bench import measure_step, scale_config
     from rpt.train.memory import estimate_step_memory, gib
@@ -39,9 +40,7 @@ def main(argv: list[str]) -> None:
     dev = opts.get("device", "cuda" if torch.cuda.is_available() else "cpu")
     repeat = int(opts.get("repeat", 1))
     chunk = int(opts["loss_chunk"]) if "loss_chunk" in opts else None  # None: the config's default (chunked)
-    import yaml
-
-    overrides = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in opts["set"].split(";"))} if "set" in opts else {}
+    overrides = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in opts.get("set", "").split(";") if x)}
     rows = []
     print(f"{'variant':8} {'tokens':>7} {'estimate':>10} {'measured':>10} {'est/meas':>8}")
     for v in variants:

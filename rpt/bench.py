@@ -180,12 +180,16 @@ def scale_config(variant: str, preset: str, seq_len: int, batch_size: int = 1, v
         cfg.train.precision = precision
     if segment_len:
         cfg.model.segment_len = segment_len
-    for key, value in (overrides or {}).items():
-        section, _, name = key.partition(".")
-        part = getattr(cfg, section, None)
-        if part is None or not name or not hasattr(part, name):
-            raise UserError(f"--set {key}: no such config field (keys look like model.attn_dropout or train.lr)")
-        setattr(part, name, value)
+    if overrides:  # through the config's own typed path: an unknown key or a wrong type names its dotted key
+        from rpt.config import _merge, from_dict
+
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in overrides.items():
+            section, dot, name = key.partition(".")
+            if not dot or not name:
+                raise UserError(f"--set {key}: expected a dotted key, e.g. model.attn_dropout=0")
+            nested.setdefault(section, {})[name] = value
+        cfg = from_dict(RPTConfig, _merge(cfg.to_dict(), nested))
     cfg.model.validate()
     return cfg
 

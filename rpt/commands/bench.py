@@ -83,8 +83,8 @@ def _overrides(args: argparse.Namespace) -> dict:
     out = {}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or "." not in key:
-            raise UserError(f"--set {item}: expected KEY=VALUE with a dotted key, e.g. model.attn_dropout=0")
+        if not sep:
+            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. model.attn_dropout=0")
         out[key.strip()] = yaml.safe_load(value)
     return out
 

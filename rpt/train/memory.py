@@ -99,9 +99,7 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
     else:
         logits = 3 * 4 * B * T * m.vocab_size
     cls = model_class(m.variant)
-    # the unfused attention path: a CPU's whenever the attention probabilities take dropout (rpt bench --kernels)
-    math_attention = device == "cpu" and m.attention_dropout > 0
-    layers = act * B * cls.layer_activation_elements(m, T, math_attention) + cls.temporary_bytes(m, B, T)
+    layers = act * B * cls.layer_activation_elements(m, T, math_attention(m, device)) + cls.temporary_bytes(m, B, T)
     retrieval = 0
     if m.uses_retrieval:
         retrieval = int(act * B * T * retrieval_elements(m, device)) + 4 * 4 * B * (T // m.chunk_size) ** 2
@@ -110,6 +108,12 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
                      if device == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ else 0)
     return MemoryEstimate(parameters=n_params, states=states, logits=logits, layers=layers, retrieval=retrieval,
                           runtime=RUNTIME_BYTES if device == "cpu" else 0, device=device, fragmentation=fragmentation)
+
+
+def math_attention(m: ModelConfig, device: str) -> bool:
+    """Whether attention takes the unfused math path in training: a CPU's whenever the attention probabilities take
+    dropout, which no fused CPU kernel does (rpt bench --kernels)."""
+    return device == "cpu" and m.attention_dropout > 0
 
 
 def retrieval_elements(m: ModelConfig, device: str = "cpu") -> float:
@@ -130,12 +134,12 @@ def retrieval_elements(m: ModelConfig, device: str = "cpu") -> float:
     - the rest (retrieval scores per chunk, pooled states, top-k): about 2 D.
     """
     D, H, K, M = m.d_model, m.n_heads, m.n_neighbors, m.chunk_size
-    math_attention = device == "cpu" and m.attention_dropout > 0
+    math = math_attention(m, device)
     nb = 2 * K
     cca_rows = 0 if device != "cpu" else (3 if m.attention_dropout > 0 else 1) * H * (2 * K * M + 1)
     per_cca = 5 * nb * D + 6 * D + cca_rows
-    augment = nb * (16 * D + (9 * H * M - D if math_attention else 0)) + 4 * D if m.query_augmentation else 0
-    encoder = 9 * D + (2 * H * M if math_attention else 0) if m.has_retriever else 0
+    augment = nb * (16 * D + (9 * H * M - D if math else 0)) + 4 * D if m.query_augmentation else 0
+    encoder = 9 * D + (2 * H * M if math else 0) if m.has_retriever else 0
     return nb * D + len(m.cca_layers) * per_cca + augment + encoder + 2 * D
 
 
