@@ -9,6 +9,8 @@ number of neighbours at inference; its results over several seeds and several ne
     vs xl       ppl / xl's ppl, per seed (paired: xl's result with the same seed, data and step), mean ± sd
     gain        retrieval gain: ppl with no neighbours / ppl with the own source, per seed (same checkpoint)
     oracle      ppl with the oracle's neighbours, and its gain over no neighbours
+    random      ppl with K random retrievable chunks of the same document, and that gain: the control a retrieval gain
+                must beat (any chunk of the document may help by priming its vocabulary)
     BM25        for a model with its own retriever: ppl with BM25's neighbours instead, and that gain (is the reader or
                 the retriever the weak part?)
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
@@ -66,6 +68,15 @@ PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.
 _IGNORED = ("train.seed", "train.out_dir", "train.log_every", "train.checkpoint_every", "train.keep_last",
             "train.tensorboard", "train.loss_chunk")
 METRICS = ("precision@2", "recall@10", "ndcg@20")
+# the rankings of `rpt eval --metrics`: the model's own retriever, then those that are the same for every model of a
+# split (BM25, a DPR-style retriever, and the chance levels and ceiling: recency, random, the oracle)
+RANKINGS = ("model", "bm25", "dpr", "recency", "random", "oracle")
+FIXED_NAMES = {"bm25": "BM25", "dpr": "DPR-style", "recency": "recency (chance)", "random": "random (chance, expected)",
+               "oracle": "oracle (ceiling)"}
+
+
+def _bucket_lo(name: str) -> int:
+    return int(name.split()[1].split("-")[0].rstrip("+"))
 
 
 def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
@@ -104,6 +115,9 @@ class Setting:
     k: int
     ppl: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))  # source -> seed -> ppl
     metrics: dict[str, dict[int, tuple[float, ...]]] = field(default_factory=lambda: defaultdict(dict))  # who -> seed
+    # who -> seed -> {pool-size bucket: P@2}
+    buckets: dict[str, dict[int, dict[str, float | None]]] = field(default_factory=lambda: defaultdict(dict))
+    gold: set[str] = field(default_factory=set)  # what the metrics' gold holds (exhaustive, or BM25's top-k)
     label: str = ""
 
 
@@ -131,6 +145,10 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
         for who, m in (r.get("retrieval") or {}).items():
             if isinstance(m, dict) and all(n in m for n in METRICS):
                 s.metrics[who][seed] = tuple(m[n] for n in METRICS)
+                if m.get("buckets"):
+                    s.buckets[who][seed] = {b: v.get(METRICS[0]) for b, v in m["buckets"].items()}
+        if r.get("retrieval"):
+            s.gold.add(r["retrieval"].get("gold", "bm25 top-k: only BM25's candidates can be positives"))
     out = list(settings.values())
     _label(out)
     return sorted(out, key=lambda s: (VARIANTS.index(s.variant), s.label, s.step or 0))
@@ -260,13 +278,22 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
         if "dpr" in s.ppl:
             row["dpr"] = _stats(list(s.ppl["dpr"].values()))
+        if "random" in s.ppl:  # the control: random retrievable chunks of the same document
+            row["random"] = _stats(list(s.ppl["random"].values()))
+            row["random_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["random"]))
         if src == "model" and "bm25" in s.ppl:  # an own retriever's model read with BM25's neighbours instead
             row["bm25"] = _stats(list(s.ppl["bm25"].values()))
             row["bm25_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["bm25"]))
-        for who in ("model", "bm25", "dpr"):
+        for who in RANKINGS:
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
                 row[f"metrics_{who}"] = [_stats([v[i] for v in vals]) for i in range(len(METRICS))]
+            if s.buckets.get(who):
+                names = sorted({b for v in s.buckets[who].values() for b in v}, key=_bucket_lo)
+                row[f"buckets_{who}"] = {b: _stats([v[b] for v in s.buckets[who].values()
+                                                    if v.get(b) is not None]) for b in names}
+        if s.gold:
+            row["gold"] = sorted(s.gold)
         name = paper_row(s, base_xl=xl)
         if domain is not None and name is not None:
             i = DOMAINS.index(domain)
@@ -292,12 +319,34 @@ def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False
     return text + (f" (n={n})" if n_row is not None and n != n_row else "")
 
 
+def _metric_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, ranking, row) of every retrieval-metric line: each model's own retriever, then every ranking that is the
+    same for every model of a split (BM25, DPR, the chance levels, the oracle) once per distinct value."""
+    out, shown = [], defaultdict(list)
+    for who in RANKINGS:
+        for r in rows:
+            m = r.get(f"metrics_{who}")
+            if m is None:
+                continue
+            name = r["label"]
+            if who != "model":
+                means = [round(x[0], 6) for x in m]
+                if means in shown[who]:
+                    continue
+                shown[who].append(means)
+                name = FIXED_NAMES[who] if len(shown[who]) == 1 else f"{FIXED_NAMES[who]} (with {r['label']})"
+            out.append((name, who, r))
+    return out
+
+
 def to_markdown(table: dict[str, Any]) -> str:
     """Two Markdown tables: perplexity and gains (Table 2 / 4 layout), then retrieval metrics (Table 3 layout)."""
     paper = table["domain"] is not None
     dpr = any("dpr" in r for r in table["rows"])
     bm25 = any("bm25" in r for r in table["rows"])
     head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
+    rand = any("random" in r for r in table["rows"])
+    head += ["ppl, random neighbours", "random gain"] if rand else []
     head += ["ppl, BM25 neighbours", "BM25 gain"] if bm25 else []
     head += ["ppl, DPR neighbours"] if dpr else []
     if paper:
@@ -307,39 +356,38 @@ def to_markdown(table: dict[str, Any]) -> str:
         n = len(r["seeds"])
         cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n), _fmt(r.get("none"), n_row=n),
                  _fmt(r.get("gain"), 3, n_row=n), _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
+        cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n)] if rand else []
         cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n)] if bm25 else []
         cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
         if paper:
             p = r.get("paper") or {}
             cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))] + ([str(p.get("dpr", ""))] if dpr else [])
         lines.append("| " + " | ".join(cells) + " |")
-    with_metrics = [r for r in table["rows"] if any(f"metrics_{w}" in r for w in ("model", "bm25", "dpr"))]
+    with_metrics = [r for r in table["rows"] if any(f"metrics_{w}" in r for w in RANKINGS)]
     if with_metrics:
-        lines += ["", "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
+        golds = sorted({g for r in with_metrics for g in r.get("gold", [])})
+        lines += ["", "Retrieval metrics; gold: " + "; ".join(golds) + ".", "",
+                  "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
                   "|---|---|---|---|---|" + ("---|" if paper else "")]
-        # BM25 (and a DPR) rank the same chunks for every model of one split: each distinct ranking is shown once
-        shown: dict[str, list[list[float]]] = {"bm25": [], "dpr": []}
-        for r in with_metrics:
-            for who in ("model", "bm25", "dpr"):
-                m = r.get(f"metrics_{who}")
-                if m is None:
-                    continue
-                name = r["label"]
-                if who != "model":
-                    means = [round(x[0], 6) for x in m]
-                    if means in shown[who]:
-                        continue
-                    shown[who].append(means)
-                    fixed = {"bm25": "BM25", "dpr": "DPR-style"}[who]
-                    name = fixed if len(shown[who]) == 1 else f"{fixed} (with {r['label']})"
-                n = m[0][2]
-                if who != "model" and n > 1 and all(x[1] == 0 for x in m):  # one ranking seen n times: no spread to show
-                    cells = [name, f"{n} (same ranking)", *(_fmt((x[0], 0.0, 1), pct=True) for x in m)]
-                else:
-                    cells = [name, str(n), *(_fmt(x, pct=True) for x in m)]
-                if paper:
-                    ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))
-                    cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")
-                lines.append("| " + " | ".join(cells) + " |")
+        buckets: list[tuple[str, dict[str, Any]]] = []
+        for name, who, r in _metric_rows(with_metrics):
+            m = r[f"metrics_{who}"]
+            n = m[0][2]
+            if who != "model" and n > 1 and all(x[1] == 0 for x in m):  # one ranking seen n times: no spread to show
+                cells = [name, f"{n} (same ranking)", *(_fmt((x[0], 0.0, 1), pct=True) for x in m)]
+            else:
+                cells = [name, str(n), *(_fmt(x, pct=True) for x in m)]
+            if paper:
+                ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))
+                cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")
+            lines.append("| " + " | ".join(cells) + " |")
+            if r.get(f"buckets_{who}"):
+                buckets.append((name, r[f"buckets_{who}"]))
+        if buckets:
+            names = sorted({b for _, bs in buckets for b in bs}, key=_bucket_lo)
+            lines += ["", "P@2 by pool size (retrievable chunks of the query):", "",
+                      "| retriever | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+            for name, bs in buckets:
+                lines.append(f"| {name} | " + " | ".join(_fmt(bs.get(b), pct=True) for b in names) + " |")
     lines += ["", table["note"]]
     return "\n".join(lines)

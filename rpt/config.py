@@ -231,7 +231,7 @@ class EvalConfig:
 
     split: str = "test"
     n_neighbors: int = 2  # K at inference: 1 .. MAX_NEIGHBORS (the paper: 2, 3 or 4)
-    source: Literal["model", "bm25", "oracle", "none"] = "model"
+    source: Literal["model", "bm25", "oracle", "random", "none"] = "model"
     memory: Literal["auto", "faiss", "torch"] = "auto"  # faiss on CPU, torch matmul on GPU
     max_documents: int = 0  # 0 = all
 
@@ -488,4 +488,24 @@ def _1b() -> dict:
             "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}, "train": {"precision": "bf16", "lr": 1e-3}}
 
 
-PRESETS: dict[str, typing.Callable[[], dict]] = {"tiny": _tiny, "small": _small, "70m": _70m, "250m": _250m, "1b": _1b}
+SIZES: dict[str, typing.Callable[[], dict]] = {"tiny": _tiny, "small": _small, "70m": _70m, "250m": _250m, "1b": _1b}
+
+# The paper's model (§3.1) as printed: CCA with independent random projections, no learned relative-offset bias, keys
+# reading their own values, neighbour states fed to CCA without a norm, and the gate scaling the neighbour states
+# (C^g = g * C). The default ModelConfig adds each of these; `<size>-paper` turns them all off, and `--set` turns one
+# back on (docs/results.md measures what each buys).
+PAPER_MODEL: dict[str, Any] = {"cca_qk_init": "random", "cca_ov_init": "random", "cca_rel_bias": False,
+                               "cca_shift_values": False, "cca_context_norm": False, "gate_on": "states"}
+
+
+def _paper(size: typing.Callable[[], dict]) -> typing.Callable[[], dict]:
+    def preset() -> dict:
+        d = size()
+        d["model"] = {**d.get("model", {}), **PAPER_MODEL}
+        return d
+
+    return preset
+
+
+# a size (tiny ... 1b), or a size with the paper's model (tiny-paper ... 1b-paper)
+PRESETS: dict[str, typing.Callable[[], dict]] = {**SIZES, **{f"{k}-paper": _paper(f) for k, f in SIZES.items()}}

@@ -5,8 +5,8 @@ For every seed, and every variant of that seed (so that a sweep stopped early ha
     rpt train  <the train arguments> --variant V --seed S --out OUT/V-seedS [--labels ...]
     rpt eval   the run's final checkpoint on the test split, once per neighbour source that tells something:
                    variants without neighbours        none
-                   retro (BM25's neighbours)          bm25, none                 (+ oracle with test labels)
-                   rpt-lex / rpt-sem (own retriever)  model, none, bm25          (+ oracle, and --metrics, with test labels)
+                   retro (BM25's neighbours)          bm25, none, random         (+ oracle with test labels)
+                   rpt-lex / rpt-sem (own retriever)  model, none, random, bm25  (+ oracle, and --metrics, with test labels)
                into OUT/eval/V-seedS-STEP-SOURCE.json
 
 then the `rpt compare` table of exactly these results (OUT/compare.md, OUT/compare.json): mean ± sd over seeds, the
@@ -113,7 +113,7 @@ def eval_sources(variant: str, with_test_labels: bool) -> list[str]:
     from rpt.eval.perplexity import default_source
 
     own = default_source(variant)
-    more = {"none": [], "bm25": ["none"], "model": ["none", "bm25"]}[own]
+    more = {"none": [], "bm25": ["none", "random"], "model": ["none", "random", "bm25"]}[own]
     return [own, *more] + (["oracle"] if with_test_labels and own != "none" else [])
 
 

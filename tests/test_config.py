@@ -97,3 +97,17 @@ def test_resume_compares_only_the_model_fields_a_variant_reads():
     assert "model.cca_qk_init 'random' -> 'match'" in diff and "model.cca_ov_init" in diff
     assert "model.griffin_conv 4 -> 3" in _model_difference(cfg("griffin"), cfg("griffin", griffin_conv=3))
     assert "model.d_model" in _model_difference(cfg("xl"), cfg("xl", d_model=32, n_heads=2, mlp_hidden=64))
+
+
+def test_paper_presets_turn_off_every_addition_and_keep_the_size():
+    from rpt.config import PAPER_MODEL, SIZES
+
+    for size in SIZES:
+        plain, paper = RPTConfig.from_preset(size), RPTConfig.from_preset(f"{size}-paper")
+        for key, value in PAPER_MODEL.items():
+            assert getattr(paper.model, key) == value
+            assert getattr(plain.model, key) != value  # each is an addition of the default model
+        rest = {k: v for k, v in paper.to_dict()["model"].items() if k not in PAPER_MODEL}
+        assert rest == {k: v for k, v in plain.to_dict()["model"].items() if k not in PAPER_MODEL}
+        assert paper.train == plain.train and paper.data == plain.data
+    assert RPTConfig.from_yaml("preset: tiny-paper\nmodel: {cca_rel_bias: true}\n").model.cca_rel_bias is True

@@ -38,12 +38,13 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
                  "64", "--k", "4", "--scorer", str(out / "xl-seed0"), "--out", str(test_labels), "--no-progress"]) == 0
     assert sweep(out, store, "--test-labels", str(test_labels)) == 0
     printed = capsys.readouterr().out
-    assert "3 variants x 2 seeds to step 3" in printed and "22 jobs, 4 already done" in printed  # xl's runs and results
+    assert "3 variants x 2 seeds to step 3" in printed and "26 jobs, 4 already done" in printed  # xl's runs and results
     names = sorted(p.name for p in (out / "eval").iterdir())
-    # xl: none; retro: its BM25 neighbours, none, the oracle's; rpt-lex: its own retriever, none, BM25's, the oracle's
+    # xl: none; retro: its BM25 neighbours, none, random ones, the oracle's; rpt-lex: its own retriever, none, random
+    # ones, BM25's, the oracle's
     assert names == sorted(f"{v}-seed{s}-3-{src}.json" for s in (0, 1) for v, srcs in
-                           (("xl", ["none"]), ("retro", ["bm25", "none", "oracle"]),
-                            ("rpt-lex", ["model", "none", "bm25", "oracle"])) for src in srcs)
+                           (("xl", ["none"]), ("retro", ["bm25", "none", "random", "oracle"]),
+                            ("rpt-lex", ["model", "none", "random", "bm25", "oracle"])) for src in srcs)
     r = json.loads((out / "eval" / "rpt-lex-seed1-3-model.json").read_text())
     assert r["config"]["train"]["seed"] == 1 and r["config"]["model"]["variant"] == "rpt-lex" and r["step"] == 3
     assert r["eval"]["labels"] == str(test_labels) and "precision@2" in r["retrieval"]["model"]
@@ -53,9 +54,10 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     assert all(row["seeds"] == [0, 1] for row in rows.values())
     assert rows["retro"]["gain"][2] == 2 and rows["rpt-lex"]["vs_xl"][2] == 2 and rows["rpt-lex"]["bm25_gain"][2] == 2
     assert rows["retro"]["oracle_gain"][2] == 2 and rows["rpt-lex"]["metrics_model"][0][2] == 2
+    assert rows["retro"]["random_gain"][2] == 2 and rows["rpt-lex"]["random_gain"][2] == 2
     assert "| rpt-lex | 2 |" in (out / "compare.md").read_text()
     commands = (out / "commands.txt").read_text().splitlines()
-    assert len(commands) == 22 and commands[0].startswith("rpt train --preset tiny")
+    assert len(commands) == 26 and commands[0].startswith("rpt train --preset tiny")
     retro_train = next(c for c in commands if c.startswith("rpt train") and "--variant retro" in c)
     assert retro_train.endswith("--labels " + str(store / "labels" / "train-lex-512"))  # the store's lex labels
 
@@ -64,14 +66,14 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     stamp = (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns
     assert sweep(out, store, "--test-labels", str(test_labels)) == 0
     printed = capsys.readouterr().out
-    assert "22 jobs, 21 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
+    assert "26 jobs, 25 already done" in printed and "eval retro seed 1 none" in printed and "train " not in printed
     assert (out / "xl-seed0" / "log.jsonl").stat().st_mtime_ns == stamp
-    assert len((out / "commands.txt").read_text().splitlines()) == 23
+    assert len((out / "commands.txt").read_text().splitlines()) == 27
 
     # the same folders named by relative paths are the same runs and results
     monkeypatch.chdir(tmp_path)
     assert sweep("sw", os.path.relpath(store, tmp_path), "--test-labels", str(test_labels)) == 0
-    assert "22 jobs, 22 already done" in capsys.readouterr().out
+    assert "26 jobs, 26 already done" in capsys.readouterr().out
     monkeypatch.undo()
 
     # what was made with other settings is named, never silently reused

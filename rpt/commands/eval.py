@@ -21,10 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", help="split to evaluate (default test)")
     p.add_argument("--neighbors", type=int, default=2, help=f"K, neighbours per chunk at inference: 1..{MAX_NEIGHBORS}; "
                    "each adds 2 chunks of keys to every CCA layer (the paper uses 2, 3 or 4; default 2)")
-    p.add_argument("--source", choices=("model", "bm25", "oracle", "dpr", "none"),
+    p.add_argument("--source", choices=("model", "bm25", "oracle", "dpr", "random", "none"),
                    help="neighbours fed to CCA: model (own retriever; default for rpt-*), bm25 (query c_q only; default "
                    "for retro), oracle (scorer's best positives; needs --labels), dpr (a DPR-style retriever, "
-                   "--retriever), none (default for xl and the baselines)")
+                   "--retriever), random (random retrievable chunks of the same document: the control), none (default "
+                   "for xl and the baselines)")
     p.add_argument("--retriever", help="a DPR-style retriever folder (`rpt dpr`) or hf:NAME: the neighbours of --source "
                    "dpr, and one more ranking under --metrics")
     p.add_argument("--labels", help="sem label store of this split with span doc (`rpt label --kind sem --span doc`): "
@@ -80,11 +81,7 @@ def format_summary(result: dict[str, Any]) -> str:
                      "vocabulary size were checked")
     ret = result.get("retrieval")
     if ret:
-        names = [n for n in ret if n != "gain"]
-        keys = [k for k in ret[names[0]] if k != "n_queries"]
-        lines.append(f"  {'retrieval':<12}" + "".join(f"{k:>13}" for k in keys) + f"{'queries':>10}")
-        for n in names:
-            lines.append(f"  {n:<12}" + "".join(f"{_pct(ret[n][k]):>13}" for k in keys) + f"{ret[n]['n_queries']:>10,}")
+        lines.extend(retrieval_lines(ret))
     ov = result.get("overlap")
     if ov:
         lines.append(f"  {'overlap':<12}{'query':>13}{'target':>13}   (unique tokens shared with the best neighbour)")
@@ -146,3 +143,28 @@ def run(args: argparse.Namespace) -> int:
         for png in written:
             print(f"  plot: {png}")
     return 0
+
+
+def retrieval_lines(ret: dict) -> list[str]:
+    """The retrieval metrics of a result as a table: every ranking (chance levels included), then per pool bucket."""
+    names = [n for n, v in ret.items() if isinstance(v, dict)]
+    if not names:
+        return []
+    keys = [k for k in ret[names[0]] if "@" in k]
+    lines = [f"  gold: {ret.get('gold', 'bm25 top-k')}"]
+
+    def table(title: str, rows: dict[str, dict]) -> None:
+        first = next(iter(rows.values()))
+        lines.append(f"  {title:<22}" + "".join(f"{k:>13}" for k in keys) + f"{'queries':>10}"
+                     + (f"{'positives':>11}{'pool':>8}" if "pool" in first else ""))
+        for n, m in rows.items():
+            extra = ""
+            if "pool" in m:
+                extra = "".join(f"{'-' if m[k] is None else format(m[k], '.1f'):>{w}}"
+                                for k, w in (("positives", 11), ("pool", 8)))
+            lines.append(f"  {n:<22}" + "".join(f"{_pct(m[k]):>13}" for k in keys) + f"{m['n_queries']:>10,}" + extra)
+
+    table("retrieval", {n: ret[n] for n in names})
+    for bucket in ret[names[0]].get("buckets", {}):
+        table(f"  {bucket}", {n: ret[n]["buckets"][bucket] for n in names if bucket in ret[n].get("buckets", {})})
+    return lines

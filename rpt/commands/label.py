@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")
     p.add_argument("--segment-len", type=int, default=1024, help="segment length S of the model (default 1024)")
     p.add_argument("--k", type=int, default=20, help="BM25 candidates per chunk (default 20)")
+    p.add_argument("--candidates", choices=("bm25", "all"), default="bm25",
+                   help="bm25: BM25's top --k (training labels, default) | all: every retrievable chunk is scored "
+                   "(exhaustive gold for `rpt eval --metrics`, as the paper's; --k is ignored)")
+    p.add_argument("--query-fraction", type=float, default=1.0,
+                   help="score this share of the query chunks, a fixed random draw (default 1: all); makes "
+                   "exhaustive gold affordable on long documents")
     p.add_argument("--k1", type=float, default=1.5, help="BM25 k1 (default 1.5)")
     p.add_argument("--b", type=float, default=0.75, help="BM25 b (default 0.75)")
     p.add_argument("--query", choices=("pair", "chunk"), default="pair",
@@ -69,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     span = parse_span(args.span)
     spec = LabelSpec(kind=args.kind, span=span, chunk_size=store.chunk_size, segment_len=args.segment_len, k=args.k,
-                     k1=args.k1, b=args.b, query=args.query)
+                     k1=args.k1, b=args.b, query=args.query, candidates=args.candidates,
+                     query_fraction=args.query_fraction)
     spec.validate()
     out = Path(args.out) if args.out else default_label_path(root, args.split, args.kind, span)
     if args.merge:

@@ -11,6 +11,8 @@ Neighbour sources (`source`):
             option)
     oracle  the scoring LM's best candidates: top-K by target score s_t among the positives (s_t > 0) of a ``sem``
             label store with span ``doc``
+    random  K distinct retrievable chunks of the same document drawn uniformly (a fixed draw per document): the
+            control for a retrieval gain, which any chunk of the document might bring by priming its vocabulary
     none    no neighbours (CCA sees only its null key); the only source for xl
 
 Perplexity = exp(sum of token NLL / number of predicted tokens): every token but the first of each document is
@@ -44,8 +46,9 @@ from rpt.model.registry import spec
 from rpt.utils import UserError, write_json_atomic
 
 RESULT_VERSION = 1
-SOURCES = ("model", "bm25", "oracle", "dpr", "none")
+SOURCES = ("model", "bm25", "oracle", "dpr", "random", "none")
 METRIC_DEPTH = 20  # rankings are taken to depth 20 for the retrieval metrics (nDCG@20)
+RANDOM_SEED = 7919  # the draw of source "random": fixed per document, so every checkpoint reads the same chunks
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -85,6 +88,20 @@ def bm25_neighbors(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int
         scores = (counts[s0 : s0 + cps] @ weights.T).toarray()  # [<=cps, limit+1]
         scores[scores <= 0] = -np.inf  # shares no token with the query: not a candidate
         ids[s0 : s0 + cps] = topk_rows(scores, k)[0]
+    return ids
+
+
+def random_neighbors(n_chunks: int, chunk_size: int, segment_len: int, k: int, doc: int = 0) -> np.ndarray:
+    """[C, k] k distinct retrievable chunks per query chunk, uniformly drawn (all of them, in random order, where
+    fewer than k are retrievable; -1 fills), from a generator seeded by the document index: the same for every
+    checkpoint evaluated on the store."""
+    rng = np.random.default_rng([RANDOM_SEED, int(doc)])
+    pool = np.maximum(last_retrievable(np.arange(n_chunks), chunk_size, segment_len) + 1, 0)
+    ids = np.full((n_chunks, k), -1, np.int64)
+    for i in np.nonzero(pool)[0]:
+        n = int(pool[i])
+        pick = rng.choice(n, size=min(k, n), replace=False)
+        ids[i, : len(pick)] = pick
     return ids
 
 
@@ -219,8 +236,10 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
              labels=None, memory: Callable[[], ChunkMemory] | None = None, with_metrics: bool = False,
              per_chunk: bool = False, bm25_statistics: Literal["causal", "document"] = "causal", rank: int = 0,
              world_size: int = 1, progress: bool = False, autocast_dtype: torch.dtype | None = None,
-             retriever=None) -> dict[str, Any]:
+             retriever=None, train_pool: int = 27) -> dict[str, Any]:
     """Evaluate this rank's share of `docs`; returns sums (not yet reduced over ranks) and per-document records.
+    train_pool: the largest pool of retrievable chunks a training span gave (`training_pool`), the first bound of
+    the metrics' pool-size buckets.
     retriever: the DPR-style retriever of source "dpr" (`rpt.retrievers.dpr`); with --metrics it is ranked too.
 
     Returns {"sums": {"nll_sum", "n_targets", "metrics.model.*", "metrics.bm25.*", "overlap.model.*", ...},
@@ -261,6 +280,8 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
             supplied = dpr_ids[:, :K]
         elif source == "oracle":
             supplied = oracle_neighbors(rows.candidates, rows.target, K)
+        elif source == "random":
+            supplied = random_neighbors(n_chunks, M, S, K, doc=d)
         elif source == "none" and cfg.uses_retrieval:
             supplied = np.full((n_chunks, K), -1, np.int64)
         ev = evaluate_document(model, tokens, neighbor_ids=supplied, n_neighbors=K, memory=memory,
@@ -272,14 +293,25 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
                                "perplexity": math.exp(ev.nll_sum / ev.n_targets) if ev.n_targets else None,
                                "memory_bytes": ev.memory_bytes, "kv_cache_bytes": ev.kv_cache_bytes, "seconds": ev.seconds}
         if with_metrics:
+            pool = np.maximum(last_retrievable(np.arange(n_chunks), M, S) + 1, 0)
+            stats = metrics.query_stats(rows.candidates, rows.target, pool)
             rankings = {"bm25": bm25_ids[:, :METRIC_DEPTH]}
             if dpr_ids is not None:
                 rankings["dpr"] = dpr_ids[:, :METRIC_DEPTH]
             if ev.top_ids is not None:
                 rankings = {"model": ev.top_ids[:, :METRIC_DEPTH], **rankings}
+            rankings["recency"] = metrics.recency_ranking(np.arange(n_chunks), pool, METRIC_DEPTH)
+            values = {name: metrics.ranking_values(ranked, rows.candidates, rows.target)
+                      for name, ranked in rankings.items()}
+            values["random"] = metrics.expected_random(rows.candidates, rows.target, pool)
+            values["oracle"] = metrics.ranking_values(oracle_neighbors(rows.candidates, rows.target, METRIC_DEPTH),
+                                                      rows.candidates, rows.target)
+            for name, v in values.items():
+                for key, x in metrics.bucketed_sums(v, stats, metrics.pool_buckets(train_pool)).items():
+                    sums[f"metrics.{name}.{key}"] = sums.get(f"metrics.{name}.{key}", 0.0) + x
             for name, ranked in rankings.items():
-                for key, v in metrics.metric_sums(ranked, rows.candidates, rows.target).items():
-                    sums[f"metrics.{name}.{key}"] = sums.get(f"metrics.{name}.{key}", 0.0) + v
+                if name == "recency":
+                    continue
                 for key, v in analysis.overlap_sums(tokens, M, ranked[:, 0]).items():
                     sums[f"overlap.{name}.{key}"] = sums.get(f"overlap.{name}.{key}", 0.0) + v
         if per_chunk:
@@ -297,6 +329,20 @@ def reduce_sums(sums: dict[str, float], names: list[str], info) -> dict[str, flo
     t = torch.tensor([float(sums.get(n, 0.0)) for n in names], dtype=torch.float64, device=info.device)
     D.all_reduce_sum(t, info)
     return dict(zip(names, t.tolist(), strict=True))
+
+
+def gold_name(manifest: dict[str, Any]) -> str:
+    """What a label store's gold holds: "exhaustive" (every retrievable chunk scored) or "bm25 top-k" (k = ...)."""
+    if manifest.get("candidates", "bm25") == "all":
+        frac = float(manifest.get("query_fraction", 1.0))
+        return "exhaustive" + ("" if frac >= 1 else f" (a {frac:g} sample of query chunks)")
+    return f"bm25 top-k (k = {manifest.get('k')}): only BM25's candidates can be positives"
+
+
+def training_pool(seq_len: int, chunk_size: int, segment_len: int) -> int:
+    """The largest number of retrievable chunks a query of a training span of seq_len tokens has (pair queries: the
+    last chunk with a target)."""
+    return max(int(last_retrievable(seq_len // chunk_size - 2, chunk_size, segment_len)) + 1, 0)
 
 
 def summarize(sums: dict[str, float], documents: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -318,8 +364,11 @@ def summarize(sums: dict[str, float], documents: list[dict[str, Any]], seconds: 
         return g
 
     if ret := group("metrics"):
-        out["retrieval"] = {name: metrics.finalize(ret[name]) for name in sorted(ret, key=lambda n: (n != "model", n))}
+        first = ("model", "bm25", "dpr", "recency", "random", "oracle")
+        out["retrieval"] = {name: metrics.finalize(ret[name])
+                            for name in sorted(ret, key=lambda n: (first.index(n) if n in first else 9, n))}
         out["retrieval"]["gain"] = metrics.GAIN
+        out["retrieval"]["chance"] = metrics.CHANCE
     if ov := group("overlap"):
         out["overlap"] = {name: analysis.finalize_overlap(ov[name]) for name in sorted(ov, key=lambda n: (n != "model", n))}
         out["overlap"]["definition"] = analysis.OVERLAP
@@ -454,7 +503,8 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
         part = evaluate(model, tokens_store, docs, source=source, n_neighbors=n_neighbors, labels=label_store,
                         memory=factory, with_metrics=with_metrics, per_chunk=per_chunk, bm25_statistics=bm25_statistics,
                         rank=info.rank, world_size=info.world_size, progress=progress and info.is_main,
-                        autocast_dtype=torch.bfloat16 if precision == "bf16" else None, retriever=dpr)
+                        autocast_dtype=torch.bfloat16 if precision == "bf16" else None, retriever=dpr,
+                        train_pool=training_pool(cfg.data.seq_len, mcfg.chunk_size, mcfg.segment_len))
         # every rank reduces the same names in the same order (a rank without documents has no metric keys)
         names = sorted({n for ns in D.all_gather_object(sorted(part["sums"]), info) for n in ns})
         sums = reduce_sums(part["sums"], names, info)
@@ -476,6 +526,8 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
                      "memory_tokens": memory_tokens},
         }
         result.update(summarize(sums, documents, seconds))
+        if "retrieval" in result:
+            result["retrieval"]["gold"] = gold_name(label_store.manifest)
         result["documents"] = documents
         if base is not None and info.is_main:
             result["subgroups"] = subgroups_against(result, base, label_store, mcfg.chunk_size, mcfg.segment_len)

@@ -135,8 +135,13 @@ def topk_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bm25_candidates(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int = 20, query: Query = "pair",
-                    k1: float = K1, b: float = B, row_block: int = ROW_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+                    k1: float = K1, b: float = B, row_block: int = ROW_BLOCK,
+                    keep_unmatched: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """BM25 top-k retrievable chunks for every chunk of one retrieval span.
+
+    keep_unmatched: a retrievable chunk that shares no token with the query is a candidate of score 0 (ranked after
+    every matching chunk, later chunks first) instead of none; with k at least the largest pool this lists every
+    retrievable chunk of each query, BM25's order first (the exhaustive candidates of `rpt label --candidates all`).
 
     tokens: token ids of the span [L]; chunk i is tokens[i*M:(i+1)*M], C = L // M chunks; segments (and so the
     retrievable rule) are counted from the span's start.
@@ -168,7 +173,8 @@ def bm25_candidates(tokens: np.ndarray, chunk_size: int, segment_len: int, k: in
         n_cols = int(last[-1]) + 1
         block = q_dense[r0:r1].toarray() @ w_dense[:, :n_cols]  # [R, n_cols] BM25 of every (query, chunk) pair
         block += (q_sparse[r0:r1] @ w_sparse_t[:, :n_cols]).toarray()
-        block[block <= 0] = -np.inf  # shares no token with the query: not a candidate
+        if not keep_unmatched:
+            block[block <= 0] = -np.inf  # shares no token with the query: not a candidate
         lo = int(last[0]) + 1  # columns < lo are retrievable for every row of the block
         tail = block[:, lo:]
         tail[np.arange(lo, n_cols)[None, :] > last[:, None]] = -np.inf  # the retrievable rule (rpt.chunks)

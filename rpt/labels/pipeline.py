@@ -25,14 +25,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rpt.chunks import chunks_per_segment
+from rpt.chunks import chunks_per_segment, last_retrievable
 from rpt.labels.bm25 import K1, B, Query, bm25_candidates
 from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
 
 Kind = Literal["lex", "sem"]
+Candidates = Literal["bm25", "all"]
 BM25_VARIANT = "lucene"  # see rpt/labels/bm25.py
-SCORE_ROWS = 256  # query chunks per target_scores call (each brings k + 1 scorer sequences)
+SCORE_ROWS = 256  # query chunks per target_scores call (each brings k + 1 scorer sequences) ...
+SCORE_PAIRS = 8192  # ... and at most about this many (query, candidate) pairs per call (exhaustive candidates)
+QUERY_SEED = 20231  # the draw of sampled query chunks (query_fraction < 1): fixed, so a resumed run draws the same
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,10 @@ class LabelSpec:
     k1: float = K1
     b: float = B
     query: Query = "pair"  # pair: (c_i, c_{i+1}) as in §3.2 | chunk: c_i alone
+    # bm25: BM25's top-k retrievable chunks (training labels, §3.2) | all: EVERY retrievable chunk, BM25's order first
+    # (k is then the largest pool of the labelled documents): exhaustive gold for the retrieval metrics (§5.2)
+    candidates: Candidates = "bm25"
+    query_fraction: float = 1.0  # share of query chunks scored (kind sem): a fixed random draw per document
 
     def validate(self) -> None:
         if self.kind not in ("lex", "sem"):
@@ -61,12 +68,45 @@ class LabelSpec:
             raise LabelError(f"span={self.span} must be a positive multiple of segment_len={self.segment_len}")
         if self.k < 1:
             raise LabelError(f"k must be >= 1, not {self.k}")
+        if self.candidates not in ("bm25", "all"):
+            raise LabelError(f"candidates must be bm25 or all, not {self.candidates!r}")
+        if not 0 < self.query_fraction <= 1:
+            raise LabelError(f"query_fraction must be in (0, 1], not {self.query_fraction}")
 
     def manifest(self) -> dict[str, Any]:
         d = asdict(self)
         d["span"] = span_name(self.span) if self.span is None else int(self.span)
         d["bm25"] = BM25_VARIANT
+        for key, default in (("candidates", "bm25"), ("query_fraction", 1.0)):  # label stores made before these
+            if d[key] == default:  # existed hold what their defaults give: their manifests match without them
+                del d[key]
         return d
+
+    def width(self, doc_chunks: np.ndarray) -> int:
+        """Columns of the label arrays: k, or with candidates "all" the largest pool of any query chunk of documents
+        with these chunk counts (the spans cut them to at most span / M chunks)."""
+        if self.candidates == "bm25":
+            return self.k
+        n = int(np.max(doc_chunks, initial=0))
+        if self.span is not None:
+            n = min(n, self.span // self.chunk_size)
+        last_query = n - 2 if self.query == "pair" else n - 1
+        return max(1, int(last_retrievable(last_query, self.chunk_size, self.segment_len)) + 1)
+
+
+def pool_sizes(n_chunks: int, spec: LabelSpec) -> np.ndarray:
+    """[C] retrievable chunks of each query chunk of a document (its whole pool, whatever the candidates kept)."""
+    starts = span_starts(n_chunks, spec)
+    span_of = np.searchsorted(starts, np.arange(n_chunks), side="right") - 1
+    local = np.arange(n_chunks) - starts[span_of]
+    return np.maximum(last_retrievable(local, spec.chunk_size, spec.segment_len) + 1, 0)
+
+
+def sampled_queries(n_chunks: int, fraction: float, doc: int) -> np.ndarray:
+    """Bool [C]: which query chunks of document `doc` are scored at this query_fraction (all at 1.0)."""
+    if fraction >= 1:
+        return np.ones(n_chunks, bool)
+    return np.random.default_rng([QUERY_SEED, int(doc)]).random(n_chunks) < fraction
 
 
 def span_starts(n_chunks: int, spec: LabelSpec) -> np.ndarray:
@@ -78,21 +118,26 @@ def span_starts(n_chunks: int, spec: LabelSpec) -> np.ndarray:
 
 
 def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = None, decode: DecodeBatch | None = None,
-                   on_progress: Callable[[int], None] | None = None,
+                   on_progress: Callable[[int], None] | None = None, width: int | None = None, doc: int = 0,
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     """Labels of one document: candidates int32 [C, k] (document-absolute, -1 = none), bm25 float32 [C, k],
     target float32 [C, k] (NaN unless kind "sem"), and counts {n_scored, n_positive}. C = len(tokens) // M.
 
-    Query chunks are scored SCORE_ROWS at a time (bounded memory on long documents); on_progress(c) is told how many
-    chunks of the document are done so far."""
-    m, k = spec.chunk_size, spec.k
+    width: the arrays' k (default spec.width of this document; a split's label store passes its own); doc: the
+    document's index, which seeds the draw of sampled query chunks (spec.query_fraction < 1). Query chunks are scored
+    SCORE_ROWS (and about SCORE_PAIRS pairs) at a time, bounded memory on long documents; on_progress(c) is told how
+    many chunks of the document are done so far."""
+    m = spec.chunk_size
+    n_all = len(tokens) // m
+    k = width if width is not None else spec.width(np.array([n_all]))
     n_chunks = len(tokens) // m
     cand = np.full((n_chunks, k), -1, np.int32)
     bm25 = np.full((n_chunks, k), np.nan, np.float32)
     target = np.full((n_chunks, k), np.nan, np.float32)
     starts = span_starts(n_chunks, spec)
     for s0, s1 in zip(starts[:-1], starts[1:], strict=False):
-        ids, scores = bm25_candidates(np.asarray(tokens[s0 * m : s1 * m]), m, spec.segment_len, k, spec.query, spec.k1, spec.b)
+        ids, scores = bm25_candidates(np.asarray(tokens[s0 * m : s1 * m]), m, spec.segment_len, k, spec.query, spec.k1,
+                                      spec.b, keep_unmatched=spec.candidates == "all")
         cand[s0:s1] = np.where(ids >= 0, ids + s0, -1)
         bm25[s0:s1] = scores
     if spec.kind == "sem":
@@ -101,10 +146,12 @@ def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = 
         span_of = np.searchsorted(starts, np.arange(n_chunks), side="right") - 1  # [C] span index of each chunk
         first, end = starts[span_of], starts[span_of + 1]
         # Rows with candidates whose target c_{i+1} lies in the same span (always so for query "pair").
-        rows = np.nonzero((cand >= 0).any(axis=1) & (np.arange(n_chunks) + 1 < end))[0]
+        rows = np.nonzero((cand >= 0).any(axis=1) & (np.arange(n_chunks) + 1 < end)
+                          & sampled_queries(n_chunks, spec.query_fraction, doc))[0]
         chunks = np.asarray(tokens[: n_chunks * m]).reshape(n_chunks, m)
-        for g in range(0, len(rows), SCORE_ROWS):
-            group = rows[g : g + SCORE_ROWS]
+        per_call = max(1, min(SCORE_ROWS, SCORE_PAIRS // k))
+        for g in range(0, len(rows), per_call):
+            group = rows[g : g + per_call]
             target[group] = target_scores(scorer, chunks, group, cand[group], first[group], decode)
             if on_progress is not None:
                 on_progress(int(group[-1]) + 1)
@@ -201,8 +248,10 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
     i, n = shard or shard_from_env() or (0, 1)
     lo, hi = shard_range(doc_chunks, i, n)
     path = out if n == 1 else shard_path(out, i, n)
+    width = spec.width(doc_chunks)  # the whole split's, so that shards merge
     config = {
         **spec.manifest(),
+        "k": width,  # the arrays' columns (spec.k, or the largest pool with candidates "all")
         "scorer": scorer.name if (scorer is not None and spec.kind == "sem") else None,
         "tokenizer": store.tokenizer_id,
         "token_store": {"n_documents": len(store), "n_tokens": int(store.manifest.get("n_tokens", 0))},
@@ -223,7 +272,7 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
             asked = {**config, "doc_range": [lo, hi] if done_path == path else [0, n_docs]}
             raise LabelError(f"{done_path} already holds labels made with other settings ({settings_diff(old, asked)}); "
                              "delete it or pass --overwrite")
-    writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], spec.k)
+    writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
     from tqdm.auto import tqdm
 
     done_rows = int(writer.offsets[writer.next_doc - lo])
@@ -237,7 +286,8 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
                 bar.update(done - shown[0])
                 shown[0] = done
 
-            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance)
+            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance,
+                                                       width=width, doc=d)
             writer.write(d, cand, bm25, target, stats)
             if spec.kind == "sem" and writer.stats["n_scored"]:
                 bar.set_postfix(positive=f"{writer.stats['n_positive'] / writer.stats['n_scored']:.3f}", refresh=False)
