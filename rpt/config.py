@@ -204,6 +204,8 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
     tau_max: float = 2.0  # LambdaRank margin at the end of training (2 for code, 4 PG19, 8 ArXiv, 128 Books3)
+    # LambdaRank's gains: linear (g = s_t, or the BM25 score for rpt-lex) | exponential (2^g - 1, the authors' code)
+    lambdarank_gain: Literal["linear", "exponential"] = "linear"
     alpha_ret: float = 0.1  # final retrieval-loss weight (ramped linearly from 0)
     alpha_ramp_steps: int = 200  # steps of the linear alpha_ret ramp (paper: first 100K of 500K)
     ss_fraction: float = 0.9  # scheduled sampling anneals p_ss 1 -> 0 over this fraction of steps
@@ -311,7 +313,8 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 _READ_ONLY_BY = {
     RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
                  "train.neighbour_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
-    ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_"),  # the retrieval loss, scheduled sampling
+    # the retrieval loss, scheduled sampling
+    ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_", "train.lambdarank_"),
     ("memorizing",): ("model.memory_",),
     ("block-recurrent",): ("model.recurrent_",),
     ("griffin",): ("model.griffin_",),

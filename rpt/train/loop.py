@@ -416,7 +416,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                         if not checked_scores:
                             _check_scores(scores, x.retrievable)
                             checked_scores = True
-                        ret = lambdarank_loss(scores, x.relevance, x.positive, tau, x.retrievable)
+                        ret = lambdarank_loss(scores, x.relevance, x.positive, tau, x.retrievable,
+                                              gain=tc.lambdarank_gain)
                         loss = loss + alpha * normalise(ret.total, denom[1], info.world_size)
                         rec = recall_at_k(scores, x.positive & x.retrievable, mcfg.n_neighbors)
                     loss.backward()

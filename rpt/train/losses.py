@@ -12,6 +12,7 @@ K neighbours, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -150,8 +151,9 @@ def lm_token_count(loss_mask: torch.Tensor) -> torch.Tensor:
 # costs  lambda_jl * max(0, tau - (s_q[l] - s_q[j]))  where lambda_jl = |Delta nDCG| of swapping l and j in the
 # current ranking by s_q. Gains (our choice): linear, g = relevance for positives (s_t > 0 for rpt-sem, the BM25
 # score for rpt-lex), 0 for everything else; discount 1 / log2(1 + rank); nDCG over the full ranking (no cut-off),
-# normalised by the ideal DCG of the query. Linear rather than exponential (2^g - 1) gains because BM25 scores of
-# 10-30 would make 2^g explode. The loss is summed over pairs and divided by the number of valid pairs.
+# normalised by the ideal DCG of the query. Linear rather than exponential (2^g - 1) gains by default because BM25 scores
+# of 10-30 would make 2^g explode; train.lambdarank_gain=exponential takes the authors' 2^g - 1 (for s_t, rpt-sem).
+# The loss is summed over pairs and divided by the number of valid pairs.
 #
 # Memory: only positives can be the `l` of a pair, so pairs are built as [N, P, C] with P = the largest number of
 # positives of any query (<= the label store's k, 20) instead of [N, C, C].
@@ -240,13 +242,15 @@ def _flat(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def lambdarank_loss(scores: torch.Tensor, relevance: torch.Tensor, positive: torch.Tensor, tau: float,
-                    retrievable: torch.Tensor | None = None) -> Sum:
+                    retrievable: torch.Tensor | None = None, gain: str = "linear") -> Sum:
     """LambdaRank with margin tau over query chunks (§3.3), summed over pairs.
 
     scores [..., C] float: s_q of every chunk for each query chunk, -inf where not retrievable.
     relevance [..., C]: the target relevance (s_t or BM25) of candidates, -inf for non-candidates.
     positive [..., C] bool: the gold set (rpt-sem: candidates with s_t > 0; rpt-lex: all candidates).
     retrievable [..., C] bool (or broadcastable): default isfinite(scores). Leading dims are flattened to N.
+    gain: "linear" (g = relevance of a positive) | "exponential" (g = 2^relevance - 1, the authors' code; relevance
+    clamped at 100 so that BM25 scores cannot overflow).
     Returns Sum(sum over valid pairs of lambda * hinge, number of valid pairs); divide with `normalise`.
     """
     if retrievable is None:
@@ -255,6 +259,10 @@ def lambdarank_loss(scores: torch.Tensor, relevance: torch.Tensor, positive: tor
     l_idx, valid, pos = lambdarank_pairs(relevance, positive, retrievable)
     # -inf would give inf - inf = nan in masked-out pairs (and nan gradients); only retrievable scores enter pairs
     s = torch.where(retrievable, scores.float(), torch.zeros((), device=scores.device))
+    if gain == "exponential":
+        relevance = torch.expm1(relevance.float().clamp(max=100.0) * math.log(2.0))
+    elif gain != "linear":
+        raise ValueError(f"gain must be linear or exponential, not {gain!r}")
     gains = torch.where(pos, relevance, torch.zeros((), device=relevance.device)).float()
     lam = delta_ndcg(torch.where(retrievable, s, float("-inf")), gains, l_idx)  # [N, P, C], no gradient
     s_l = s.gather(-1, l_idx).unsqueeze(-1)  # [N, P, 1]

@@ -125,6 +125,19 @@ def test_lambdarank_hand_computed():
     assert g[4].item() == pytest.approx(-(LAM[(4, 0)] + LAM[(4, 1)] + LAM[(4, 2)]), rel=1e-5)
 
 
+def test_exponential_gains_are_two_to_the_relevance_minus_one():
+    """The authors' gains 2^g - 1: the same pairs and hinges, lambdas from gains 1 and 3 (for relevances 1 and 2)."""
+    scores, relevance, positive = hand_case()
+    exp = lambdarank_loss(scores, relevance, positive, tau=1.0, gain="exponential")
+    gains = torch.tensor([[1.0, 0.0, 0.0, 0.0, 3.0]])
+    lam = delta_ndcg(scores.detach(), gains, torch.tensor([[0, 4]]))
+    expected = sum(lam[0, [0, 4].index(l), j].item() * h for (l, j), h in HINGE.items())
+    assert exp.count.item() == 5 and exp.total.item() == pytest.approx(expected, rel=1e-6)
+    assert exp.total.item() != pytest.approx(lambdarank_loss(scores, relevance, positive, tau=1.0).total.item(), rel=1e-3)
+    with pytest.raises(ValueError, match="gain"):
+        lambdarank_loss(scores, relevance, positive, tau=1.0, gain="square")
+
+
 def test_delta_ndcg_matrix_hand_computed():
     scores, relevance, positive = hand_case()
     gains = torch.tensor([[1.0, 0.0, 0.0, 0.0, 2.0]])
