@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The paper's comparison on one corpus, from nothing to the table (docs/results.md §1j):
-#   prepare the corpus, BM25 (lex) labels, an xl scorer (the seed-0 xl run), sem labels of train and test from it,
-#   then `rpt sweep` over the variants and paired seeds; its table, with the paper's figures for the domain, is
-#   $OUT/sweep/compare.md (.json).
+#   prepare the corpus, BM25 (lex) labels, a scorer (by default the seed-0 xl run of the sweep itself), sem labels of
+#   train and test from it, then `rpt sweep` over the variants and paired seeds; its table, with the paper's figures
+#   for the domain, is $OUT/sweep/compare.md (.json).
 # Usage: bash scripts/domain_sweep.sh CORPUS [PAPER]     e.g.  bash scripts/domain_sweep.sh kjv pg19
 #   CORPUS: a `rpt prepare --corpus` name (stdlib, kjv, austen, pari, coq, metamath, ...)
 #   PAPER:  the paper's dataset whose figures go beside the rows: code | pg19 | books3 | arxiv (default: none)
 # Settings by environment (defaults: the CPU setting of docs/results.md §1j):
 #   STEPS=400 SEEDS=0,1,2 VARIANTS=xl,retro,rpt-sem OUT=runs/<corpus> RPT=rpt (default: on PATH, else .venv/bin/rpt)
-#   SEQ_LEN=2048 (training span = the train labels' span) SEGMENT=128 (the tiny preset's)
+#   PRESET=tiny LR=0.01 BATCH=2 SEQ_LEN=2048 (training span = the train labels' span) SEGMENT=128 (the tiny preset's)
+#   TOKENIZER=bpe:2048 MAX_DOCUMENTS= (prepare only the first N documents of each split; default all)
+#   K=4 (BM25 candidates of the training labels; the paper's is 20)
+#   SCORER=own (the sweep's seed-0 xl) | smollm2 | any `rpt label --scorer` value
+#   GOLD=bm25 (test labels: BM25's top K) | all (exhaustive gold: every retrievable chunk, the paper's metrics; the
+#   sweep then evaluates with it) QUERY_FRACTION=1 (the share of test query chunks scored for exhaustive gold)
 # Every step is skipped when its output exists, and `rpt sweep` resumes, so a killed run is continued by running the
 # same command again.
 set -euo pipefail
@@ -21,21 +26,43 @@ OUT=${OUT:-runs/${corpus%%@*}}
 if [ -z "${RPT:-}" ]; then  # the rpt on PATH, else the one scripts/setup.sh installed
   RPT=rpt; command -v rpt >/dev/null || RPT="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/rpt"
 fi
+PRESET=${PRESET:-tiny}
+LR=${LR:-0.01}
+BATCH=${BATCH:-2}
 SEQ_LEN=${SEQ_LEN:-2048}
 SEGMENT=${SEGMENT:-128}
+TOKENIZER=${TOKENIZER:-bpe:2048}
+MAX_DOCUMENTS=${MAX_DOCUMENTS:-}
+K=${K:-4}
+SCORER=${SCORER:-own}
+GOLD=${GOLD:-bm25}
+QUERY_FRACTION=${QUERY_FRACTION:-1}
+case $GOLD in bm25|all) ;; *) echo "domain_sweep: GOLD must be bm25 or all, not '$GOLD'" >&2; exit 2 ;; esac
 store=$OUT/store
-train=(--preset tiny --store "$store" --seq-len "$SEQ_LEN" --lr 0.01 --steps "$STEPS" --batch-size 2
+train=(--preset "$PRESET" --store "$store" --seq-len "$SEQ_LEN" --lr "$LR" --steps "$STEPS" --batch-size "$BATCH"
        --set model.segment_len="$SEGMENT" --set train.checkpoint_every=100 --set train.keep_last=0
        --set train.warmup_steps=50)
-label=(--store "$store" --segment-len "$SEGMENT" --k 4)
+label=(--store "$store" --segment-len "$SEGMENT")
 paper_flag=()
 [ -n "$paper" ] && paper_flag=(--paper "$paper")
+prepare_flags=()
+[ -n "$MAX_DOCUMENTS" ] && prepare_flags=(--max-documents "$MAX_DOCUMENTS")
 
-[ -f "$store/tokenizer.json" ] || $RPT prepare --corpus "$corpus" --tokenizer bpe:2048 --out "$store"
-[ -d "$store/labels/train-lex-$SEQ_LEN" ] || $RPT label "${label[@]}" --split train --kind lex --span "$SEQ_LEN"
-# The scorer of the sem labels is the seed-0 xl of the sweep itself (trained here first, then reused by the sweep).
-$RPT sweep --out "$OUT/sweep" --variants xl --seeds 0 "${paper_flag[@]}" -- "${train[@]}"
-scorer=$OUT/sweep/xl-seed0
-[ -d "$store/labels/train-sem-$SEQ_LEN" ] || $RPT label "${label[@]}" --split train --kind sem --span "$SEQ_LEN" --scorer "$scorer"
-[ -d "$store/labels/test-sem-doc" ] || $RPT label "${label[@]}" --split test --kind sem --span doc --scorer "$scorer"
-$RPT sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" "${paper_flag[@]}" -- "${train[@]}"
+[ -f "$store/tokenizer.json" ] || $RPT prepare --corpus "$corpus" --tokenizer "$TOKENIZER" --out "$store" "${prepare_flags[@]}"
+[ -d "$store/labels/train-lex-$SEQ_LEN" ] || $RPT label "${label[@]}" --k "$K" --split train --kind lex --span "$SEQ_LEN"
+scorer=$SCORER
+if [ "$SCORER" = own ]; then  # the scorer of the sem labels is the seed-0 xl of the sweep itself (trained here first)
+  $RPT sweep --out "$OUT/sweep" --variants xl --seeds 0 "${paper_flag[@]}" -- "${train[@]}"
+  scorer=$OUT/sweep/xl-seed0
+fi
+[ -d "$store/labels/train-sem-$SEQ_LEN" ] || $RPT label "${label[@]}" --k "$K" --split train --kind sem --span "$SEQ_LEN" --scorer "$scorer"
+if [ "$GOLD" = all ]; then
+  test_labels=$store/labels/test-sem-doc-all
+  [ -d "$test_labels" ] || $RPT label "${label[@]}" --split test --kind sem --span doc --candidates all \
+    --query-fraction "$QUERY_FRACTION" --scorer "$scorer" --out "$test_labels"
+else
+  test_labels=$store/labels/test-sem-doc
+  [ -d "$test_labels" ] || $RPT label "${label[@]}" --k "$K" --split test --kind sem --span doc --scorer "$scorer"
+fi
+$RPT sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" --test-labels "$test_labels" "${paper_flag[@]}" \
+  -- "${train[@]}"

