@@ -79,6 +79,27 @@ def _bucket_lo(name: str) -> int:
     return int(name.split()[1].split("-")[0].rstrip("+"))
 
 
+def training_recall(result: dict[str, Any], window: int = 100) -> float | None:
+    """The retriever's training recall@K (K = n_neighbors; the share of each query's positives among its top K inside
+    the training span), the mean of the run's logged values over the last `window` updates up to the result's step;
+    None where the run's log.jsonl is not beside its checkpoint."""
+    step = result.get("step")
+    ckpt = Path(str(result.get("checkpoint", "")))
+    log = ckpt.parent.parent / "log.jsonl"
+    if step is None or not log.is_file():
+        return None
+    k = result["config"]["model"].get("n_neighbors", 2)
+    values = []
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and f"recall@{k}" in rec and step - window < rec.get("step", -1) <= step:
+            values.append(float(rec[f"recall@{k}"]))
+    return statistics.fmean(values) if values else None
+
+
 def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """`rpt eval` result files, from files and (recursively) folders; any other JSON in a folder is skipped, a named
     file that is not a result is an error naming it."""
@@ -118,6 +139,7 @@ class Setting:
     # who -> seed -> {pool-size bucket: P@2}
     buckets: dict[str, dict[int, dict[str, float | None]]] = field(default_factory=lambda: defaultdict(dict))
     gold: set[str] = field(default_factory=set)  # what the metrics' gold holds (exhaustive, or BM25's top-k)
+    train_recall: dict[int, float] = field(default_factory=dict)  # seed -> the run's training recall@K (its log)
     label: str = ""
 
 
@@ -147,6 +169,8 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
                 s.metrics[who][seed] = tuple(m[n] for n in METRICS)
                 if m.get("buckets"):
                     s.buckets[who][seed] = {b: v.get(METRICS[0]) for b, v in m["buckets"].items()}
+        if "model" in (r.get("retrieval") or {}) and (rec := training_recall(r)) is not None:
+            s.train_recall[seed] = rec
         if r.get("retrieval"):
             s.gold.add(r["retrieval"].get("gold", "bm25 top-k: only BM25's candidates can be positives"))
     out = list(settings.values())
@@ -294,6 +318,8 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
                                                     if v.get(b) is not None]) for b in names}
         if s.gold:
             row["gold"] = sorted(s.gold)
+        if s.train_recall:
+            row["train_recall"] = _stats(list(s.train_recall.values()))
         name = paper_row(s, base_xl=xl)
         if domain is not None and name is not None:
             i = DOMAINS.index(domain)
@@ -367,8 +393,9 @@ def to_markdown(table: dict[str, Any]) -> str:
     if with_metrics:
         golds = sorted({g for r in with_metrics for g in r.get("gold", [])})
         lines += ["", "Retrieval metrics; gold: " + "; ".join(golds) + ".", "",
-                  "| retriever | n | P@2 | R@10 | nDCG@20 |" + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
-                  "|---|---|---|---|---|" + ("---|" if paper else "")]
+                  "| retriever | n | P@2 | R@10 | nDCG@20 | training recall@K |"
+                  + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if paper else "")]
         buckets: list[tuple[str, dict[str, Any]]] = []
         for name, who, r in _metric_rows(with_metrics):
             m = r[f"metrics_{who}"]
@@ -377,6 +404,7 @@ def to_markdown(table: dict[str, Any]) -> str:
                 cells = [name, f"{n} (same ranking)", *(_fmt((x[0], 0.0, 1), pct=True) for x in m)]
             else:
                 cells = [name, str(n), *(_fmt(x, pct=True) for x in m)]
+            cells.append(_fmt(r.get("train_recall"), pct=True) if who == "model" else "")
             if paper:
                 ref = PAPER_METRICS.get(table["domain"], {}).get({"model": r["variant"], "bm25": "bm25"}.get(who, ""))
                 cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")

@@ -64,7 +64,7 @@ def test_markdown_shows_spread_metrics_and_one_bm25_row():
     rs += [result("rpt-sem", s, "model", 90.0, metrics=(0.2, 0.3, 0.4)) for s in range(2)]
     text = to_markdown(compare(rs, "code"))
     assert "| rpt-lex | 3 | 101.0 ± 1.0 |" in text
-    assert "| rpt-lex | 3 | 11.0% ± 1.0 | 20.0% ± 0.0 | 30.0% ± 0.0 | 26% / 52% / 23% |" in text
+    assert "| rpt-lex | 3 | 11.0% ± 1.0 | 20.0% ± 0.0 | 30.0% ± 0.0 |  | 26% / 52% / 23% |" in text
     assert text.count("| BM25 |") == 1 and "BM25 (with" not in text
     bm25 = next(line for line in text.splitlines() if line.startswith("| BM25 |"))
     assert "(same ranking)" in bm25 and "±" not in bm25  # the labels' ranking, identical for every seed: no "± 0.0"
@@ -200,3 +200,29 @@ def test_a_relative_and_an_absolute_store_path_are_one_setting(tmp_path, monkeyp
     rs[0]["config"]["data"]["store"], rs[1]["config"]["data"]["store"] = "runs/s", str(tmp_path / "runs" / "s")
     rows = compare(rs)["rows"]
     assert len(rows) == 1 and rows[0]["seeds"] == [0, 1]
+
+
+def test_chance_rows_buckets_the_random_control_and_training_recall(tmp_path):
+    rs = []
+    for seed in range(2):
+        run = tmp_path / f"rpt-sem-seed{seed}"
+        (run / "checkpoints" / "step_00000100").mkdir(parents=True)
+        log = [{"step": st, "lm_loss": 3.0, "recall@2": 0.1 * seed + st / 1000} for st in (10, 50, 100, 150)]
+        (run / "log.jsonl").write_text("\n".join(json.dumps(x) for x in log) + "\n")
+        r = result("rpt-sem", seed, "model", 90.0 + seed, metrics=(0.2, 0.3, 0.4))
+        r["checkpoint"] = str(run / "checkpoints" / "step_00000100")
+        bucket = {"precision@2": 0.1, "recall@10": 0.2, "ndcg@20": 0.3, "n_queries": 5}
+        r["retrieval"]["model"]["buckets"] = {"pool 1-27": bucket, "pool 28-128": {**bucket, "precision@2": 0.05}}
+        r["retrieval"]["random"] = {"precision@2": 0.04, "recall@10": 0.1, "ndcg@20": 0.05}
+        r["retrieval"]["gold"] = "exhaustive"
+        rs += [r, result("rpt-sem", seed, "none", 99.0 + seed), result("rpt-sem", seed, "random", 98.0 + seed)]
+    row = compare(rs)["rows"][0]
+    assert row["random_gain"][0] == pytest.approx((99 / 98 + 100 / 99) / 2) and row["random_gain"][2] == 2
+    assert row["gold"] == ["exhaustive"]
+    # the mean of the logged recall over the last 100 updates up to step 100 (steps 10 and 50 and 100)
+    assert row["train_recall"][0] == pytest.approx(((0.01 + 0.05 + 0.1) / 3 + (0.11 + 0.15 + 0.2) / 3) / 2)
+    assert row["buckets_model"]["pool 28-128"][0] == pytest.approx(0.05)
+    text = to_markdown(compare(rs))
+    assert "gold: exhaustive" in text and "| random (chance, expected) | 2 (same ranking) | 4.0% |" in text
+    assert "| ppl, random neighbours | random gain |" in text
+    assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text
