@@ -78,7 +78,7 @@ from torch import nn
 
 from rpt.config import ModelConfig
 from rpt.model.decoder import SegmentDecoder
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, keyed_generator
+from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, autocast_off, keyed_generator
 
 LRU_C = 8.0  # c: a_t = sigmoid(Lambda)^(c r_t)
 LAMBDA_RANGE = (0.9, 0.999)  # sigmoid(Lambda)^c starts uniform in this range
@@ -125,7 +125,7 @@ class _LinearScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, log_a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None, chunk: int) -> torch.Tensor:  # type: ignore[override]
-        with torch.autocast(b.device.type, enabled=False):
+        with autocast_off(b.device.type):
             h = _scan(log_a, b, h0, chunk)
         ctx.chunk = chunk
         ctx.has_h0 = h0 is not None
@@ -137,7 +137,7 @@ class _LinearScan(torch.autograd.Function):
     def backward(ctx, grad_h: torch.Tensor):  # type: ignore[override]
         log_a, h, *rest = ctx.saved_tensors
         h0 = rest[0] if rest else None
-        with torch.autocast(grad_h.device.type, enabled=False):
+        with autocast_off(grad_h.device.type):
             # reversed time u = T-1-t: lam'_u = a_{t+1} lam'_{u-1} + g'_u; the decay of u = 0 meets lam'_{-1} = 0
             la_next = F.pad(log_a[:, 1:], (0, 0, 0, 1))  # [B, T, R] log a_{t+1} (0 at the end: unused)
             lam = _scan(la_next.flip(1), grad_h.flip(1), None, ctx.chunk).flip(1)  # [B, T, R]

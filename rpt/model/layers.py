@@ -6,6 +6,7 @@ Dimension letters: B batch, T tokens, S segment length, H heads, E head dim, D w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from dataclasses import dataclass
@@ -13,6 +14,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """A region computed in the tensors' own dtypes: `torch.autocast(device_type, enabled=False)` on a device type with
+    autocast (cpu, cuda, ...); on one without (meta, used to check that a model builds every tensor on its inputs'
+    device) there is nothing to turn off, and torch.autocast would refuse the device type."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class RMSNorm(nn.Module):

@@ -65,7 +65,7 @@ from torch import nn
 
 from rpt.config import ModelConfig
 from rpt.model.decoder import SegmentDecoder
-from rpt.model.layers import KVCache, SelfAttention, apply_rotary, attend_after_cache, segment_window_mask
+from rpt.model.layers import KVCache, SelfAttention, apply_rotary, attend_after_cache, autocast_off, segment_window_mask
 from rpt.model.retriever import top_k
 from rpt.model.rpt import DecoderLayer
 from rpt.utils import MissingDependency, require
@@ -326,7 +326,7 @@ class KNNAttention(SelfAttention):
                                            dropout_p=self.attn_dropout if self.training else 0.0)
         y = y.view(B, nS, H, S, E).transpose(1, 2).reshape(B, H, T, E)
         if nS > 2:  # segments 0 and 1 have an empty memory: local attention only
-            with torch.autocast(x.device.type, enabled=False):  # search and memory attention in fp32
+            with autocast_off(x.device.type):  # search and memory attention in fp32
                 mem = self._memory_of_sequence(q0, k0, v, S)
                 y = torch.cat([y[:, :, : 2 * S], self._mix(y[:, :, 2 * S :], mem)], dim=2)
         return self.dropout(self.out(y.transpose(1, 2).reshape(B, T, D)))
@@ -341,7 +341,7 @@ class KNNAttention(SelfAttention):
         memory = cache.memory
         assert memory is not None
         if memory.n_tokens:  # empty exactly in the document's first two segments, as in forward
-            with torch.autocast(x.device.type, enabled=False):
+            with autocast_off(x.device.type):
                 ids, scores = memory.search(q0.float(), self.topk)  # [B, H, n, k]
                 y = self._mix(y, self._read(scores, memory.values_at(ids)))
         cache.roll(k, v, k0, segment_len)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from rpt.model.layers import autocast_off
 from rpt.model.retriever import top_k
 
 
@@ -85,7 +86,8 @@ class TorchMemory(ChunkMemory):
 
     def _search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._keys is not None
-        scores = queries.float() @ self._keys.transpose(1, 2)  # [B, Q, N]
+        with autocast_off(queries.device.type):  # fp32 scores, as the forward pass's (autocast would round to bf16)
+            scores = queries.float() @ self._keys.transpose(1, 2)  # [B, Q, N]
         return top_k(scores, k)
 
     def nbytes(self) -> int:

@@ -5,7 +5,7 @@ Dimension letters: B batch, Q query chunks, K neighbours per query chunk, M chun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -58,6 +58,7 @@ class GateCache:
     chunk: torch.Tensor | None = None  # [P] query-chunk index of each item
     rank: torch.Tensor | None = None  # [P]
     valid: torch.Tensor | None = None  # [B, P]
+    host_chunk: list[int] = field(default_factory=list)  # `chunk` on the host: the window is cut without a device sync
 
 
 class NeighborGate(nn.Module):
@@ -85,10 +86,11 @@ class NeighborGate(nn.Module):
         self.w = nn.Parameter(torch.zeros(dim))
 
     def forward(self, nb: torch.Tensor, valid: torch.Tensor, chunk_idx: torch.Tensor,
-                cache: GateCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: GateCache | None = None, chunk_ids: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """nb [B, Q, K, 2M, D]; valid [B, Q, K]; chunk_idx [Q] (absolute). Returns (gate [B, Q, K], logit [B, Q, K]).
 
-        With `cache`, earlier items take part as keys and the cache is updated in place.
+        With `cache`, earlier items take part as keys and the cache is updated in place; chunk_ids: chunk_idx as
+        Python ints, ascending (read from chunk_idx when not given), to cut the cache's window on the host.
         """
         B, Q, K = valid.shape
         pooled = nb.mean(dim=3).reshape(B, Q * K, -1)  # [B, QK, D]
@@ -108,9 +110,13 @@ class NeighborGate(nn.Module):
         mask = before & in_window & (k_valid[:, None, :] | is_self[None])  # [B, QK, P+QK]; self keeps rows non-empty
         x = pooled + self.attn(self.norm(pooled), context=self.norm(k_pooled), mask=mask[:, None])
         logit = (x.float() @ self.w.float()) / self.dim  # [B, QK]
-        if cache is not None:
-            keep = (k_chunk // self.cps) >= (int(chunk_idx.max()) // self.cps - 1)
-            cache.pooled, cache.chunk, cache.rank, cache.valid = k_pooled[:, keep], k_chunk[keep], k_rank[keep], k_valid[:, keep]
+        if cache is not None:  # items are in chunk order: the window's items are a suffix
+            ids = chunk_idx.tolist() if chunk_ids is None else list(chunk_ids)
+            host = cache.host_chunk + [c for c in ids for _ in range(K)]
+            first = max(ids) // self.cps - 1
+            cut = next((i for i, c in enumerate(host) if c // self.cps >= first), len(host))
+            cache.pooled, cache.chunk, cache.rank, cache.valid = k_pooled[:, cut:], k_chunk[cut:], k_rank[cut:], k_valid[:, cut:]
+            cache.host_chunk = host[cut:]
         gate = gate_value(logit, self.kind, self.eta)
         return gate.view(B, Q, K), logit.view(B, Q, K)
 

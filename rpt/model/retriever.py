@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from rpt.chunks import retrievable_mask
-from rpt.model.layers import Attention, RMSNorm, rotary_cos_sin
+from rpt.model.layers import Attention, RMSNorm, autocast_off, rotary_cos_sin
 
 
 class ChunkEncoder(nn.Module):
@@ -60,7 +60,8 @@ class Retriever(nn.Module):
     def scores(self, pooled: torch.Tensor, chunk_size: int, segment_len: int) -> torch.Tensor:
         """pooled [B, C, D] -> scores [B, C, C] (fp32), -inf where chunk j is not retrievable for query chunk i."""
         q, k = self.queries(pooled).float(), self.keys(pooled).float()
-        s = q @ k.transpose(1, 2)  # [B, C, C]
+        with autocast_off(q.device.type):  # under autocast the matmul would round q and k back to bf16
+            s = q @ k.transpose(1, 2)  # [B, C, C]
         mask = retrievable_mask(pooled.shape[1], chunk_size, segment_len, device=pooled.device)
         return s.masked_fill(~mask, float("-inf"))
 

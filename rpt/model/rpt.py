@@ -174,7 +174,8 @@ class RPT(TiedLM, nn.Module):
         return self.layers[self.cfg.n_lower :]
 
     def _neighbour_kv(self, chunk_states: torch.Tensor, query_states: torch.Tensor, ids: torch.Tensor,
-                      chunk_idx: torch.Tensor, gate_cache: GateCache | None) -> tuple[NeighbourKV, torch.Tensor | None]:
+                      chunk_idx: torch.Tensor, gate_cache: GateCache | None,
+                      chunk_ids: list[int] | None = None) -> tuple[NeighbourKV, torch.Tensor | None]:
         """Assemble, augment and gate neighbours. chunk_states [B, N, M, D] (all chunks so far), query_states
         [B, Q, M, D] lower states of the query chunks, ids [B, Q, K] -> one block row per query chunk."""
         nb = gather_neighbours(chunk_states, ids)  # [B, Q, K, 2M, D]
@@ -184,7 +185,7 @@ class RPT(TiedLM, nn.Module):
         gates, bias, scale = None, None, None
         B, Q, K, L, D = nb.shape
         if self.gate is not None:
-            gates, logit = self.gate(nb, valid, chunk_idx, gate_cache)
+            gates, logit = self.gate(nb, valid, chunk_idx, gate_cache, chunk_ids)
             if self.cfg.gate == "bias":
                 bias = logit[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
             elif self.cfg.gate_on == "states":  # the paper's C^g = g * C: the gate also scales CCA's logits
@@ -323,7 +324,8 @@ class RPT(TiedLM, nn.Module):
                     supplied = sup.masked_fill(sup > limit, -1)
                     use = None if use_supplied is None else use_supplied[:, c0 : c0 + nc]
                 chosen = self._choose(own, supplied, use)
-                row, out.gates = self._neighbour_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate)
+                row, out.gates = self._neighbour_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate,
+                                                    list(range(c0, c0 + nc)))
                 out.neighbor_ids, out.chunk_start = chosen, c0
                 rows.append(row)
                 cache.last_row = row.rows(slice(-1, None))
