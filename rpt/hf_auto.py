@@ -1,0 +1,74 @@
+"""Registration of model_type "rpt" with transformers' Auto classes, without importing transformers at `import rpt`.
+
+`import rpt` stays light (the CLI starts in a fraction of a second); transformers and torch load only when something
+imports transformers. `install()` (called by `import rpt`) registers at once when transformers is already imported,
+and otherwise hooks its first import: once the `transformers` package has loaded, `rpt.hf` is imported, which registers
+`RPTHFConfig` with AutoConfig and `RPTForCausalLM` with AutoModelForCausalLM. A failure there is a warning, never a
+broken transformers import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from typing import Any
+
+_PACKAGE = "transformers"
+
+
+def register_now() -> None:
+    """Import rpt.hf (it registers when its import finishes); a no-op while rpt.hf is itself being imported."""
+    mod = sys.modules.get("rpt.hf")
+    if mod is not None and not getattr(mod, "_READY", False):
+        return  # rpt.hf imported transformers: it registers itself at its end
+    try:
+        importlib.import_module("rpt.hf")
+    except Exception as e:  # an incompatible transformers: warn, never break the user's import
+        from rpt.utils import RPTWarning, error_line
+
+        warnings.warn(f"RPT models are not registered with transformers' Auto classes ({error_line(e)})", RPTWarning,
+                      stacklevel=2)
+
+
+class _LoaderThenRegister(importlib.abc.Loader):
+    """Wraps the transformers package's loader: runs it, then registers."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        register_now()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers: the inner loader's
+        return getattr(self.inner, name)
+
+
+class _WhenTransformersLoads(importlib.abc.MetaPathFinder):
+    """A one-shot finder for the top-level transformers package."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _PACKAGE:
+            return None
+        uninstall()
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _LoaderThenRegister(spec.loader)
+        return spec
+
+
+def uninstall() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _WhenTransformersLoads)]
+
+
+def install() -> None:
+    if _PACKAGE in sys.modules:
+        register_now()
+    elif not any(isinstance(f, _WhenTransformersLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WhenTransformersLoads())
