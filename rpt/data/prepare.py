@@ -45,6 +45,7 @@ import numpy as np
 from rpt.data.corpora import SPLITS, Corpus, Document, Skips, load_corpus, normalize_split
 from rpt.data.store import StoreError, StoreWriter, TokenStore
 from rpt.data.tokenizer import DEFAULT_SAMPLE_BYTES, Tokenizer, load_tokenizer
+from rpt.locks import folder_lock
 from rpt.utils import write_json_atomic
 
 BATCH_CHARS = 4 << 20  # tokenize ~4 MB of text per encode_batch call
@@ -170,59 +171,60 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     if missing:
         raise ValueError(f"corpus {corpus.spec!r} has no split(s) {', '.join(missing)} (it has {', '.join(corpus.splits)})")
     out = Path(out)
-    dropped = recover_swap(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    with folder_lock(out, "built"):  # one `rpt prepare` per store: a second is refused while this one lives
+        dropped = recover_swap(out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a folder")
 
-    tt = time.perf_counter()
-    train_split = "train" if "train" in corpus.splits else corpus.splits[0]
-    tokenizer = _resolve_tokenizer(tokenizer, corpus, train_split, max_documents, min_chunks * chunk_size,
-                                   tokenizer_cache, sample_bytes)
-    tokenizer_seconds = time.perf_counter() - tt
-    settings = store_settings(corpus, chunk_size, min_chunks, max_documents)
-    # Where the text came from (packages, versions, licences) goes into every manifest, but is not compared on reuse.
-    provenance = corpus.provenance()
-    extra = {**settings, "provenance": provenance} if provenance else settings
+        tt = time.perf_counter()
+        train_split = "train" if "train" in corpus.splits else corpus.splits[0]
+        tokenizer = _resolve_tokenizer(tokenizer, corpus, train_split, max_documents, min_chunks * chunk_size,
+                                       tokenizer_cache, sample_bytes)
+        tokenizer_seconds = time.perf_counter() - tt
+        settings = store_settings(corpus, chunk_size, min_chunks, max_documents)
+        # Where the text came from (packages, versions, licences) goes into every manifest, but is not compared on reuse.
+        provenance = corpus.provenance()
+        extra = {**settings, "provenance": provenance} if provenance else settings
 
-    # Decide reuse before writing anything, so a mismatch fails fast and leaves the folder as it was.
-    build = build_path(out)
-    if force:
-        root, reuse = build, _reusable_in_build(build, splits, tokenizer, chunk_size, settings)
-    else:
-        root, reuse = out, _reusable_in_place(out, splits, tokenizer, chunk_size, settings)
-    created = not root.exists()
-    root.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(root / "tokenizer.json")
-    stats: dict[str, SplitStats] = {}
-    try:
-        for split in sorted(splits, key=lambda s: s != train_split):  # the split that must not be empty first
-            if split in reuse:
-                stats[split] = _stats_from_manifest(reuse[split])
-                if split == train_split and stats[split].documents == 0:
-                    raise EmptySplitError(no_documents_message(corpus, split, stats[split].skipped, settings["min_tokens"]))
-                continue
-            stats[split] = write_split(corpus, split, tokenizer, root / split, chunk_size=chunk_size,
-                                       min_chunks=min_chunks, max_documents=max_documents, extra=extra,
-                                       progress=progress, required=split == train_split)
-    except EmptySplitError:
-        if force or created:  # nothing worth keeping was there before this run
-            shutil.rmtree(root, ignore_errors=True)
-        raise
-    for st in stats.values():
-        st.path = str(out / st.split)
-    summary = PrepareSummary(out=str(out), corpus=corpus.identity(), tokenizer=tokenizer.identity, chunk_size=chunk_size,
-                             min_tokens=min_chunks * chunk_size, max_documents=max_documents,
-                             splits=[stats[s] for s in splits], seconds=time.perf_counter() - t0,
-                             tokenizer_seconds=tokenizer_seconds, tokenizer_cache_hit=tokenizer.cache_hit,
-                             dropped=dropped, provenance=provenance)
-    write_json_atomic(root / "prepare.json", summary.to_dict())  # in a build: the mark that it is complete
-    if force:
-        summary.dropped += swap_in(build, out)
-        if summary.dropped:
-            write_json_atomic(out / "prepare.json", summary.to_dict())
-    elif build.exists():  # an abandoned forced rebuild: the store in place is now the one asked for
-        shutil.rmtree(build)
-    return summary
+        # Decide reuse before writing anything, so a mismatch fails fast and leaves the folder as it was.
+        build = build_path(out)
+        if force:
+            root, reuse = build, _reusable_in_build(build, splits, tokenizer, chunk_size, settings)
+        else:
+            root, reuse = out, _reusable_in_place(out, splits, tokenizer, chunk_size, settings)
+        created = not root.exists()
+        root.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(root / "tokenizer.json")
+        stats: dict[str, SplitStats] = {}
+        try:
+            for split in sorted(splits, key=lambda s: s != train_split):  # the split that must not be empty first
+                if split in reuse:
+                    stats[split] = _stats_from_manifest(reuse[split])
+                    if split == train_split and stats[split].documents == 0:
+                        raise EmptySplitError(no_documents_message(corpus, split, stats[split].skipped, settings["min_tokens"]))
+                    continue
+                stats[split] = write_split(corpus, split, tokenizer, root / split, chunk_size=chunk_size,
+                                           min_chunks=min_chunks, max_documents=max_documents, extra=extra,
+                                           progress=progress, required=split == train_split)
+        except EmptySplitError:
+            if force or created:  # nothing worth keeping was there before this run
+                shutil.rmtree(root, ignore_errors=True)
+            raise
+        for st in stats.values():
+            st.path = str(out / st.split)
+        summary = PrepareSummary(out=str(out), corpus=corpus.identity(), tokenizer=tokenizer.identity, chunk_size=chunk_size,
+                                 min_tokens=min_chunks * chunk_size, max_documents=max_documents,
+                                 splits=[stats[s] for s in splits], seconds=time.perf_counter() - t0,
+                                 tokenizer_seconds=tokenizer_seconds, tokenizer_cache_hit=tokenizer.cache_hit,
+                                 dropped=dropped, provenance=provenance)
+        write_json_atomic(root / "prepare.json", summary.to_dict())  # in a build: the mark that it is complete
+        if force:
+            summary.dropped += swap_in(build, out)
+            if summary.dropped:
+                write_json_atomic(out / "prepare.json", summary.to_dict())
+        elif build.exists():  # an abandoned forced rebuild: the store in place is now the one asked for
+            shutil.rmtree(build)
+        return summary
 
 
 def _resolve_tokenizer(tokenizer: str | Tokenizer, corpus: Corpus, train_split: str, max_documents: int | None,

@@ -29,6 +29,7 @@ from rpt.chunks import chunks_per_segment, last_retrievable
 from rpt.labels.bm25 import K1, B, Query, bm25_candidates
 from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
+from rpt.locks import folder_lock
 
 Kind = Literal["lex", "sem"]
 Candidates = Literal["bm25", "all"]
@@ -272,30 +273,31 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
             asked = {**config, "doc_range": [lo, hi] if done_path == path else [0, n_docs]}
             raise LabelError(f"{done_path} already holds labels made with other settings ({settings_diff(old, asked)}); "
                              "delete it or pass --overwrite")
-    writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
-    from tqdm.auto import tqdm
+    with folder_lock(path, "labelled"):  # one writer per label folder (and its .partial); a second is refused
+        writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
+        from tqdm.auto import tqdm
 
-    done_rows = int(writer.offsets[writer.next_doc - lo])
-    bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", disable=not progress,
-               desc=f"label {spec.kind} {path.name}", dynamic_ncols=True)
-    try:
-        for d in range(writer.next_doc, hi):
-            shown = [0]  # chunks of document d already counted on the bar
+        done_rows = int(writer.offsets[writer.next_doc - lo])
+        bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", disable=not progress,
+                   desc=f"label {spec.kind} {path.name}", dynamic_ncols=True)
+        try:
+            for d in range(writer.next_doc, hi):
+                shown = [0]  # chunks of document d already counted on the bar
 
-            def advance(done: int, shown: list[int] = shown) -> None:
-                bar.update(done - shown[0])
-                shown[0] = done
+                def advance(done: int, shown: list[int] = shown) -> None:
+                    bar.update(done - shown[0])
+                    shown[0] = done
 
-            cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance,
-                                                       width=width, doc=d)
-            writer.write(d, cand, bm25, target, stats)
-            if spec.kind == "sem" and writer.stats["n_scored"]:
-                bar.set_postfix(positive=f"{writer.stats['n_positive'] / writer.stats['n_scored']:.3f}", refresh=False)
-            if on_document is not None:
-                on_document(d)
-    finally:
-        bar.close()
-    writer.publish({})
+                cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance,
+                                                           width=width, doc=d)
+                writer.write(d, cand, bm25, target, stats)
+                if spec.kind == "sem" and writer.stats["n_scored"]:
+                    bar.set_postfix(positive=f"{writer.stats['n_positive'] / writer.stats['n_scored']:.3f}", refresh=False)
+                if on_document is not None:
+                    on_document(d)
+        finally:
+            bar.close()
+        writer.publish({})
     if n > 1 and _merge_if_complete(out, n):
         return out
     return path

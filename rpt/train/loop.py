@@ -32,6 +32,7 @@ from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
 from rpt.data.store import StoreError
+from rpt.locks import folder_lock
 from rpt.model.registry import spec
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
@@ -293,8 +294,10 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     _check_config(cfg)
     info = D.setup(device)
     try:
-        return _train(cfg, info, store_root, labels_path, resume, fsdp, stop_after, progress, model_factory or _default_model,
-                      on_step, memory_check)
+        # one run per folder: a second `rpt train --out` into it is refused while this one lives (the main rank locks)
+        with folder_lock(cfg.train.out_dir, "written") if info.is_main else contextlib.nullcontext():
+            return _train(cfg, info, store_root, labels_path, resume, fsdp, stop_after, progress,
+                          model_factory or _default_model, on_step, memory_check)
     finally:
         D.teardown(info)
 
