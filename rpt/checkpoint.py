@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rpt.config import RPTConfig
-from rpt.utils import RPTWarning, UserError, error_line, write_json_atomic
+from rpt.utils import RPTWarning, UserError, error_line, write_failure, write_json_atomic
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 CHECKED_FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "config.yaml")
@@ -277,13 +277,28 @@ def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], o
     tmp = final.with_name(f".{final.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_weights(model_state, tmp / "model.safetensors", metadata={"step": str(step)})
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(rng, tmp / "rng.pt")
-    cfg.to_yaml(tmp / "config.yaml")
-    write_json_atomic(tmp / "state.json", {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
-                                           "rpt_version": rpt.__version__, "files": file_records(tmp)})
+    writing = tmp
+    try:
+        tmp.mkdir(parents=True)
+        writing = tmp / "model.safetensors"
+        save_weights(model_state, writing, metadata={"step": str(step)})
+        writing = tmp / "optimizer.pt"
+        torch.save(optimizer_state, writing)
+        writing = tmp / "rng.pt"
+        torch.save(rng, writing)
+        writing = tmp / "config.yaml"
+        cfg.to_yaml(writing)
+        writing = tmp / "state.json"
+        write_json_atomic(writing, {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
+                                    "rpt_version": rpt.__version__, "files": file_records(tmp)})
+    except Exception as e:  # a full disk: OSError, or the writer's own error around it (safetensors, torch)
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would only take more space
+        if not isinstance(e, (OSError, RuntimeError)) and "SafetensorError" not in type(e).__name__:
+            raise
+        good = latest(out_dir)
+        intact = (f"the last complete checkpoint is step {int(_STEP_DIR.match(good.name).group(1))} ({good})"
+                  if good is not None else "no checkpoint of this run was complete yet")
+        raise write_failure(writing, e, intact) from None
     if final.exists():  # the same step saved again (a resumed run that re-reached it): replace it
         old = final.with_name(f".{final.name}.old")
         os.replace(final, old)

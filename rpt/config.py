@@ -18,6 +18,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
+from rpt.utils import load_yaml
+
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
 Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
 RETRIEVING = ("retro", "rpt-lex", "rpt-sem")  # the variants with chunked cross-attention (the rest read no neighbours)
@@ -259,6 +261,7 @@ class RPTConfig:
         return cfg
 
     def validate(self) -> None:
+        check_ranges(self)
         self.model.validate()
         if self.data.chunk_size != self.model.chunk_size:
             raise ConfigError(f"data.chunk_size={self.data.chunk_size} != model.chunk_size={self.model.chunk_size}")
@@ -282,7 +285,7 @@ class RPTConfig:
         if not is_text and not Path(path_or_text).is_file():
             raise ConfigError(f"config file {path_or_text} not found")
         text = str(path_or_text) if is_text else Path(path_or_text).read_text()
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text, "config text" if is_text else f"config {path_or_text}", ConfigError) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config {path_or_text} is not a mapping")
         base = data.pop("preset", None)
@@ -294,6 +297,38 @@ class RPTConfig:
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg
+
+
+def check_ranges(cfg: RPTConfig) -> None:
+    """A ConfigError naming the key of the first numeric field whose value is meaningless (a negative learning rate, a
+    zero batch, a dropout of 1), before anything divides by it or hands it to torch."""
+    at_least = lambda lo: (lambda v: v >= lo, f">= {lo}")  # noqa: E731
+    positive = (lambda v: v > 0, "> 0")
+    unit = (lambda v: 0 <= v <= 1, "in [0, 1]")
+    below_one = (lambda v: 0 <= v < 1, "in [0, 1)")
+    rules = {
+        "model.vocab_size": at_least(1), "model.d_model": at_least(1), "model.n_layers": at_least(1),
+        "model.n_heads": at_least(1), "model.mlp_hidden": at_least(1), "model.chunk_size": at_least(1),
+        "model.segment_len": at_least(1), "model.gate_eta": below_one, "model.rope_base": positive,
+        "model.norm_eps": positive, "model.init_std": positive, "model.cca_ov_scale": at_least(0),
+        "data.chunk_size": at_least(1), "data.seq_len": at_least(1),
+        "train.steps": at_least(1), "train.batch_size": at_least(1), "train.grad_accum": at_least(1),
+        "train.lr": positive, "train.min_lr_ratio": unit, "train.warmup_steps": at_least(0),
+        "train.weight_decay": at_least(0), "train.tau_max": positive, "train.alpha_ret": at_least(0),
+        "train.alpha_ramp_steps": at_least(0), "train.ss_fraction": unit, "train.loss_chunk": at_least(0),
+        "train.neighbour_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
+        "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
+        "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
+        "eval.max_documents": at_least(0),
+    }
+    for key, (ok, wanted) in rules.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not (math.isfinite(value) and ok(value)):
+            raise ConfigError(f"{key} must be {wanted}, not {value}")
+    betas = cfg.train.betas
+    if len(betas) != 2 or not all(math.isfinite(b) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1) (the optimiser's moment decays), not {betas}")
 
 
 def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

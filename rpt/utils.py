@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +26,41 @@ _INSTALL = {
 
 class UserError(Exception):
     """Bad input from the user: the CLI prints it as one clear line, no traceback."""
+
+
+class WriteFailed(UserError):
+    """A file could not be written (a full disk, a lost mount): the message names it and says what is intact."""
+
+
+def _no_space(e: BaseException) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)  # libraries that wrap the OS error: safetensors ("StorageFull"), torch's stream writer
+    return any(s in text for s in ("No space left on device", "StorageFull", "code: 28,", "Disk quota exceeded"))
+
+
+def write_failure(path: str | Path, e: BaseException, intact: str) -> WriteFailed:
+    """`e`, raised while writing `path`, as one line naming the file and what is intact (`intact`: a clause)."""
+    cause = "no space left on device" if _no_space(e) else error_line(e)
+    return WriteFailed(f"{cause} writing {path}; {intact}")
+
+
+def load_yaml(text: str, source: str, error: type[Exception] = UserError) -> Any:
+    """Plain YAML (safe_load: no Python tags), or `error` in one line naming `source` and where the text is wrong."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        if isinstance(e, yaml.constructor.ConstructorError) and "tag" in str(getattr(e, "problem", "")):
+            tag = re.search(r"'tag:yaml\.org,2002:([^']+)'", str(e.problem))
+            what = f"the tag !!{tag.group(1)}" if tag else "a tag"
+            raise error(f"{source}: {what}{where} is not allowed (plain YAML only: mappings, lists, numbers, "
+                        "strings)") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise error(f"{source} is not valid YAML: {problem}{where}") from None
 
 
 class MissingDependency(ImportError):

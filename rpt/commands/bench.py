@@ -76,16 +76,15 @@ def _sizes(text: str, flag: str) -> list[int]:
 
 def _overrides(args: argparse.Namespace) -> dict:
     """--set KEY=VALUE pairs (values in YAML) -> {dotted key: value}; checked when the configs are built."""
-    import yaml
 
-    from rpt.utils import UserError
+    from rpt.utils import UserError, load_yaml
 
     out = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--set {item}: expected KEY=VALUE, e.g. model.attn_dropout=0")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = load_yaml(value, f"--set {item}")
     return out
 
 

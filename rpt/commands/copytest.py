@@ -49,12 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
 
     from rpt.cli import UserError
     from rpt.config import RETRIEVING, RPTConfig
     from rpt.copytest import CopyTestSettings, far_distance, run_copytest
-    from rpt.utils import parse_seeds
+    from rpt.utils import load_yaml, parse_seeds
 
     seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--set {item}: expected KEY=VALUE (a model field, e.g. cca_positions=false)")
-        overrides[key.strip().removeprefix("model.")] = yaml.safe_load(value)
+        overrides[key.strip().removeprefix("model.")] = load_yaml(value, f"--set {item}")
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
                          min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps,

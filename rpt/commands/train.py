@@ -66,11 +66,12 @@ def config_from_args(args: argparse.Namespace):
 
     from rpt.cli import UserError
     from rpt.config import RPTConfig
+    from rpt.utils import load_yaml
 
     if args.config:
         if not Path(args.config).is_file():
             raise UserError(f"--config {args.config}: no such file")
-        doc = yaml.safe_load(Path(args.config).read_text()) or {}
+        doc = load_yaml(Path(args.config).read_text(), f"--config {args.config}") or {}
         if not isinstance(doc, dict):
             raise UserError(f"--config {args.config} is not a YAML mapping")
     else:
@@ -82,7 +83,7 @@ def config_from_args(args: argparse.Namespace):
         key, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"--set {item}: expected KEY=VALUE")
-        _set(doc, key.strip(), yaml.safe_load(value))
+        _set(doc, key.strip(), load_yaml(value, f"--set {item}"))
     if args.preset and "vocab_size" not in doc.get("model", {}):
         # a preset's vocabulary is a placeholder: take the store's tokenizer's
         store = doc.get("data", {}).get("store") or RPTConfig.from_preset(args.preset).data.store

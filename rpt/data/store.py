@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rpt.utils import write_json_atomic
+from rpt.utils import WriteFailed, error_line, write_failure, write_json_atomic
 
 FORMAT_VERSION = 1
 
@@ -55,17 +55,41 @@ class TokenStore:
             if swapped.exists():
                 hint = f" (an interrupted `rpt prepare --force` left the old store in {swapped}; run it again to finish)"
             raise StoreError(f"no token store at {path}: {mpath} is missing{hint}")
-        manifest = json.loads(mpath.read_text())
+        cure = "rebuild it with `rpt prepare --force`"
+        try:
+            manifest = json.loads(mpath.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StoreError(f"{mpath} is damaged ({error_line(e)}); {cure}") from None
+        if not isinstance(manifest, dict):
+            raise StoreError(f"{mpath} is damaged (not a JSON object); {cure}")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise StoreError(f"{mpath}: format_version {manifest.get('format_version')} != {FORMAT_VERSION}")
-        offsets = np.load(path / "offsets.npy")
+        offsets = _read_offsets(path / "offsets.npy", manifest, cure)
         n = int(offsets[-1])
-        dtype = manifest["dtype"]
-        tokens = np.memmap(path / "tokens.bin", dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
-        with open(path / "documents.jsonl") as f:
-            doc_ids = [json.loads(line)["id"] for line in f]
-        if len(doc_ids) != len(offsets) - 1 or n != manifest["n_tokens"]:
-            raise StoreError(f"{path}: documents.jsonl/offsets.npy/manifest disagree; rebuild with `rpt prepare`")
+        try:
+            dtype = np.dtype(manifest["dtype"])
+            n_tokens = int(manifest["n_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"{mpath} is damaged (dtype / n_tokens: {error_line(e)}); {cure}") from None
+        bpath = path / "tokens.bin"
+        size = bpath.stat().st_size if bpath.is_file() else None
+        if size is None:
+            raise StoreError(f"{bpath} is missing; {cure}")
+        if n != n_tokens:
+            raise StoreError(f"{path / 'offsets.npy'} is damaged: it ends at token {n:,} where {mpath} records "
+                             f"{n_tokens:,} tokens; {cure}")
+        if size != n * dtype.itemsize:
+            raise StoreError(f"{bpath} is damaged: {size:,} bytes where {mpath} records {n:,} {dtype.name} tokens "
+                             f"({n * dtype.itemsize:,} bytes; cut short or overwritten); {cure}")
+        tokens = np.memmap(bpath, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+        try:
+            with open(path / "documents.jsonl") as f:
+                doc_ids = [json.loads(line)["id"] for line in f]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{path / 'documents.jsonl'} is damaged ({error_line(e)}); {cure}") from None
+        if len(doc_ids) != len(offsets) - 1:
+            raise StoreError(f"{path / 'documents.jsonl'} is damaged: {len(doc_ids):,} documents where "
+                             f"{path / 'offsets.npy'} has {len(offsets) - 1:,}; {cure}")
         return cls(path, tokens, offsets, doc_ids, manifest)
 
     def __len__(self) -> int:
@@ -111,6 +135,22 @@ class TokenStore:
                              f"model.vocab_size {vocab_size}")
 
 
+def _read_offsets(path: Path, manifest: dict[str, Any], cure: str) -> np.ndarray:
+    """offsets.npy, checked: 1-D integers from 0, never decreasing, one more than the manifest's documents."""
+    try:
+        offsets = np.load(path)
+    except (OSError, ValueError, EOFError) as e:
+        raise StoreError(f"{path} is damaged ({error_line(e)}); {cure}") from None
+    n_docs = manifest.get("n_documents")
+    if (offsets.ndim != 1 or not len(offsets) or offsets.dtype.kind not in "iu" or offsets[0] != 0
+            or (len(offsets) > 1 and bool((np.diff(offsets) < 0).any()))):
+        raise StoreError(f"{path} is damaged: not document offsets (1-D integers from 0, never decreasing); {cure}")
+    if n_docs is not None and len(offsets) != int(n_docs) + 1:
+        raise StoreError(f"{path} is damaged: {len(offsets) - 1:,} documents where the manifest records {n_docs:,}; "
+                         f"{cure}")
+    return offsets
+
+
 @dataclass
 class StoreWriter:
     """Streams documents into a new store; `close()` publishes it atomically. Use as a context manager."""
@@ -132,17 +172,33 @@ class StoreWriter:
         self._docs = open(self.tmp / "documents.jsonl", "w")
         self.offsets: list[int] = [0]
 
+    def _failed(self, path: Path, e: OSError) -> WriteFailed:
+        return write_failure(path, e, f"{self.path} is unchanged (the store is written aside, in {self.tmp}, and "
+                                      "published only when complete)")
+
     def add(self, doc_id: str, token_ids: np.ndarray | list[int]) -> None:
         arr = np.asarray(token_ids, dtype=self.dtype)
-        self._bin.write(arr.tobytes())
+        try:
+            self._bin.write(arr.tobytes())
+        except OSError as e:
+            raise self._failed(self.tmp / "tokens.bin", e) from None
         self.offsets.append(self.offsets[-1] + len(arr))
-        self._docs.write(json.dumps({"id": doc_id, "n_tokens": len(arr)}) + "\n")
+        try:
+            self._docs.write(json.dumps({"id": doc_id, "n_tokens": len(arr)}) + "\n")
+        except OSError as e:
+            raise self._failed(self.tmp / "documents.jsonl", e) from None
 
     def close(self, stats: dict[str, Any] | None = None) -> Path:
-        self._bin.close()
-        self._docs.close()
+        for f in (self._bin, self._docs):
+            try:
+                f.close()  # flushes what is buffered
+            except OSError as e:
+                raise self._failed(Path(f.name), e) from None
         offsets = np.asarray(self.offsets, dtype=np.int64)
-        np.save(self.tmp / "offsets.npy", offsets)
+        try:
+            np.save(self.tmp / "offsets.npy", offsets)
+        except OSError as e:
+            raise self._failed(self.tmp / "offsets.npy", e) from None
         lengths = np.diff(offsets)
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -155,7 +211,10 @@ class StoreWriter:
             **(stats or {}),
             **self.extra,
         }
-        write_json_atomic(self.tmp / "manifest.json", manifest)
+        try:
+            write_json_atomic(self.tmp / "manifest.json", manifest)
+        except OSError as e:
+            raise self._failed(self.tmp / "manifest.json", e) from None
         if self.path.exists():
             shutil.rmtree(self.path)
         os.replace(self.tmp, self.path)

@@ -20,15 +20,20 @@ complete document; the folder is renamed into place only when every document is 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rpt.utils import write_failure
 
 FORMAT_VERSION = 1
 ARRAYS = {"candidates": np.int32, "bm25": np.float32, "target": np.float32}
@@ -67,6 +72,19 @@ def _fsync_json(path: Path, obj: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _reserve(path: Path) -> None:
+    """Allocate the blocks of a (sparse) file now, so that a full disk is an OSError here, not a SIGBUS when a page of
+    its memory map is written back. File systems without fallocate are left as they are."""
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        except AttributeError:  # no posix_fallocate on this platform
+            pass
 
 
 def _fsync_dir(path: Path) -> None:
@@ -201,7 +219,8 @@ class LabelWriter:
                               "starting over", stacklevel=2)
                 shutil.rmtree(self.tmp)
             self.tmp.mkdir(parents=True)
-            np.save(self.tmp / "chunk_offsets.npy", self.offsets)
+            with self._writing(self.tmp / "chunk_offsets.npy"):
+                np.save(self.tmp / "chunk_offsets.npy", self.offsets)
             self.next_doc, self.stats = self.doc_range[0], {"n_scored": 0, "n_positive": 0}
         else:
             self.next_doc, self.stats = int(progress["next_doc"]), dict(progress["stats"])
@@ -211,8 +230,10 @@ class LabelWriter:
             if n_rows == 0:  # a zero-length file cannot be memory-mapped
                 self.arrays[name] = np.zeros((0, k), dtype)
             elif progress is None:
-                self.arrays[name] = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=(n_rows, k))
-                self.arrays[name][:] = FILL[name]
+                with self._writing(file):
+                    self.arrays[name] = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=(n_rows, k))
+                    _reserve(file)  # a memory-mapped file is sparse: a disk that fills up later would kill the process
+                    self.arrays[name][:] = FILL[name]
             else:
                 self.arrays[name] = np.lib.format.open_memmap(file, mode="r+")
         if progress is None:
@@ -250,11 +271,24 @@ class LabelWriter:
         self.next_doc = doc + 1
         self._commit()
 
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """An OSError while writing `path` (a full disk) as one line saying what is kept."""
+        try:
+            yield
+        except OSError as e:
+            kept = (f"the documents that {self.tmp / 'progress.json'} records as done are kept: free space and run "
+                    "`rpt label` again to resume" if (self.tmp / "progress.json").exists() else
+                    "no labels were written yet: free space and run `rpt label` again")
+            raise write_failure(path, e, kept) from None
+
     def _commit(self) -> None:
-        for arr in self.arrays.values():
-            if isinstance(arr, np.memmap):
-                arr.flush()  # msync: the rows are on disk before progress.json says so
-        _fsync_json(self.tmp / "progress.json", {"config": self.config, "next_doc": self.next_doc, "stats": self.stats})
+        with self._writing(self.tmp):
+            for arr in self.arrays.values():
+                if isinstance(arr, np.memmap):
+                    arr.flush()  # msync: the rows are on disk before progress.json says so
+        with self._writing(self.tmp / "progress.json"):
+            _fsync_json(self.tmp / "progress.json", {"config": self.config, "next_doc": self.next_doc, "stats": self.stats})
 
     def publish(self, manifest: dict[str, Any]) -> Path:
         """Write the manifest and rename the finished folder into place (replacing an older one)."""
@@ -273,13 +307,15 @@ class LabelWriter:
             **manifest,
         }
         for name, arr in self.arrays.items():
-            if isinstance(arr, np.memmap):
-                arr.flush()
-            else:  # zero rows: never memory-mapped
-                np.save(self.tmp / f"{name}.npy", arr)
+            with self._writing(self.tmp / f"{name}.npy"):
+                if isinstance(arr, np.memmap):
+                    arr.flush()
+                else:  # zero rows: never memory-mapped
+                    np.save(self.tmp / f"{name}.npy", arr)
         self.arrays.clear()
         (self.tmp / "progress.json").unlink(missing_ok=True)
-        _fsync_json(self.tmp / "manifest.json", full)
+        with self._writing(self.tmp / "manifest.json"):
+            _fsync_json(self.tmp / "manifest.json", full)
         if self.path.exists():
             shutil.rmtree(self.path)
         os.replace(self.tmp, self.path)
