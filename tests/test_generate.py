@@ -181,7 +181,13 @@ def test_stop_at_eos():
     first = free.index(eos)
     got = generate(model, [p, prompt(100, 9)], GenerateConfig(max_new_tokens=40, greedy=True, stop_at_eos=True, eos_id=eos))
     assert got[0].tokens == free[: first + 1] and got[0].stop_reason == "eos"
-    assert len(got[1].tokens) <= 40
+    # the other row of the batch runs to its own end: its free continuation up to its first EOS, or all 40 tokens
+    other = generate(model, [prompt(100, 9)], GenerateConfig(max_new_tokens=40, greedy=True))[0].tokens
+    assert len(other) == 40
+    if eos in other:
+        assert got[1].tokens == other[: other.index(eos) + 1] and got[1].stop_reason == "eos"
+    else:
+        assert got[1].tokens == other and got[1].stop_reason == "length"
 
 
 def test_stream_yields_tokens_as_produced_and_text_increments(tmp_path: Path):

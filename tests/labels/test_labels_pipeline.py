@@ -196,8 +196,18 @@ def test_cli_end_to_end(store, scorer_dir, tmp_path, capsys):
     lex = LabelStore.open(root / "labels" / "train-lex-doc")
     assert lex.span is None and lex.doc_range == (0, len(store)) and np.isnan(np.asarray(lex.target)).all()
     lex.check_compatible(store, S, "doc")
+
+    def snapshot() -> dict:  # every file under labels/: modification time and contents
+        return {str(f.relative_to(root)): (f.stat().st_mtime_ns, f.read_bytes())
+                for f in sorted((root / "labels").rglob("*")) if f.is_file()}
+
+    before = snapshot()
     assert main(["label", "--store", str(root), "--kind", "lex", "--span", "doc", "--segment-len", str(S), "--k", "4",
                  "--no-progress"]) == 0
+    after = snapshot()
+    assert after.keys() == before.keys()  # nothing written, nothing removed
+    changed = [f for f in before if after[f] != before[f]]
+    assert not changed, changed
     capsys.readouterr()
     # Bad input: one clear line, exit 2.
     assert main(["label", "--store", str(root), "--kind", "lex", "--span", "100", "--segment-len", str(S)]) == 2
