@@ -24,7 +24,6 @@ length at a time), inputs_embeds, and attention / hidden-state outputs.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -319,16 +318,19 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         return cls.from_rpt_model(model)
 
 
-def hf_tokenizer(path: str | Path) -> Any:
-    """A tokenizer.json (ours or any Hugging Face one) as a PreTrainedTokenizerFast, with its end-of-text token as eos."""
+def hf_tokenizer(tokenizer: Any) -> Any:
+    """An rpt tokenizer (rpt.data.tokenizer.Tokenizer), a tokenizers.Tokenizer or a tokenizer.json path as a
+    PreTrainedTokenizerFast (what AutoTokenizer loads back), its end-of-text token as eos when it has one."""
+    import tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from rpt.data.tokenizer import EOS
 
-    vocab = json.loads(Path(path).read_text()).get("model", {}).get("vocab", {})
-    added = {t.get("content") for t in json.loads(Path(path).read_text()).get("added_tokens", [])}
-    special = {"eos_token": EOS} if EOS in added or (isinstance(vocab, dict) and EOS in vocab) else {}
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), clean_up_tokenization_spaces=False, **special)
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
+    tok = getattr(tokenizer, "tok", tokenizer)  # our Tokenizer wraps a tokenizers.Tokenizer
+    special = {"eos_token": EOS} if tok.token_to_id(EOS) is not None else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
 
 
 _registered = False

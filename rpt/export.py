@@ -1,0 +1,206 @@
+"""`rpt export`: a checkpoint as a self-contained Hugging Face folder (rpt/hf.py), without optimizer state.
+
+    <out>/config.json              RPTHFConfig: the model section of the run's config, every field
+    <out>/generation_config.json   eos = the tokenizer's end-of-text token; ids past the tokenizer's vocabulary (spare
+                                   embedding rows) suppressed, as `rpt generate` never samples them
+    <out>/model.safetensors        the weights
+    <out>/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                                   the run's tokenizer as a PreTrainedTokenizerFast (AutoTokenizer loads it)
+    <out>/README.md                a model card: variant, preset, parameters, training data and steps, and the
+                                   figures of any `rpt eval` result found beside the checkpoint
+
+The folder is written under a temporary name and renamed into place, so <out> is either complete or untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rpt.utils import RPTWarning, UserError
+
+ARG = "RUN_OR_CHECKPOINT"
+
+
+def preset_name(mcfg: Any) -> str:
+    """The preset whose shape the model has (d_model, n_layers, n_heads, mlp_hidden, segment_len), with -paper when it
+    also has the paper's CCA options; "custom" when none matches."""
+    from rpt.config import PAPER_MODEL, PRESETS, SIZES, RPTConfig, from_dict
+
+    shape = ("d_model", "n_layers", "n_heads", "mlp_hidden", "segment_len")
+    for name in SIZES:
+        ref = from_dict(RPTConfig, PRESETS[name]()).model
+        if all(getattr(ref, k) == getattr(mcfg, k) for k in shape):
+            paper = all(getattr(mcfg, k) == v for k, v in PAPER_MODEL.items())
+            return f"{name}-paper" if paper else name
+    return "custom"
+
+
+def find_eval_results(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """`rpt eval` result JSONs in the checkpoint folder, its run folder and the run's eval/ folder."""
+    run = folder.parent.parent if folder.parent.name == "checkpoints" else folder
+    found: list[tuple[Path, dict[str, Any]]] = []
+    seen: set[Path] = set()
+    for d in (folder, run, run / "eval"):
+        if not d.is_dir():
+            continue
+        for p in sorted(d.glob("*.json")):
+            if p.resolve() in seen:
+                continue
+            seen.add(p.resolve())
+            try:
+                r = json.loads(p.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(r, dict) and isinstance(r.get("total"), dict) and isinstance(r.get("eval"), dict):
+                found.append((p, r))
+    return found
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
+
+
+def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]], out_name: str) -> str:
+    v = info["variant"]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags:",
+        "- rpt",
+        "- retrieval",
+        "- long-context",
+        f"- {v}",
+        "---",
+        "",
+        f"# RPT ({v})",
+        "",
+        "A Retrieval-Pretrained Transformer (Rubin & Berant): a decoder that retrieves earlier chunks of the document "
+        "it is reading and attends to them with chunked cross-attention, exported from an `rpt` checkpoint.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| variant | `{v}` ({info['paper_row']}) |",
+        f"| preset | `{info['preset']}` |",
+        f"| parameters | {info['parameters']:,} |",
+        f"| width / layers / heads | {info['d_model']} / {info['n_layers']} / {info['n_heads']} |",
+        f"| chunk / segment | {info['chunk_size']} / {info['segment_len']} tokens |",
+        f"| vocabulary | {info['vocab_size']:,} (tokenizer `{info['tokenizer'] or 'not found'}`) |",
+        f"| training data | store `{info['store']}`, spans of {info['seq_len']:,} tokens |",
+        f"| training steps | {_fmt(info['step'])} of {info['planned_steps']:,} planned |",
+        f"| checkpoint | `{info['checkpoint']}` |",
+        "",
+        "## Evaluation",
+        "",
+    ]
+    if results:
+        lines += ["| result | step | split | source | K | documents | tokens | NLL / token | perplexity |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for p, r in results:
+            t, ev = r["total"], r["eval"]
+            lines.append(f"| `{p.name}` | {_fmt(r.get('step'))} | {_fmt(ev.get('split'))} | {_fmt(ev.get('source'))} | "
+                         f"{_fmt(ev.get('n_neighbors'))} | {_fmt(t.get('n_documents'))} | {_fmt(t.get('n_tokens'))} | "
+                         f"{_fmt(t.get('nll_mean'))} | {_fmt(t.get('perplexity'))} |")
+        ret = [(p, r["retrieval"]["model"]) for p, r in results if isinstance(r.get("retrieval"), dict)
+               and isinstance(r["retrieval"].get("model"), dict)]
+        if ret:
+            lines += ["", "Retrieval (the model's own ranking against the scoring LM's labels):", "",
+                      "| result | precision@2 | recall@10 | nDCG@20 |", "|---|---|---|---|"]
+            for p, m in ret:
+                lines.append(f"| `{p.name}` | {_fmt(m.get('precision@2'))} | {_fmt(m.get('recall@10'))} | "
+                             f"{_fmt(m.get('ndcg@20'))} |")
+    else:
+        lines.append("No `rpt eval` result was found beside the checkpoint.")
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import rpt  # registers the model type with transformers' Auto classes",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'model = AutoModelForCausalLM.from_pretrained("{out_name}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{out_name}")',
+        'ids = tokenizer("def parse(text):", return_tensors="pt").input_ids',
+        "print(tokenizer.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))",
+        "```",
+        "",
+        "Generation continues the model's own document cache: every finished chunk enters the document memory and "
+        "retrieves, as `rpt generate` does. Beam search and padded batches (an attention mask with zeros) are refused: "
+        "pass prompts of one length per batch.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
+    """Write the checkpoint at `path` (a checkpoint folder, its model.safetensors, or a run folder: its newest
+    checkpoint) as a Hugging Face folder at `out`; returns `out`. `force` replaces an existing non-empty `out`."""
+    from rpt.checkpoint import read_state
+    from rpt.generate import load_model
+    from rpt.hf import RPTForCausalLM, hf_tokenizer
+    from rpt.model.registry import spec
+
+    path, out = Path(path), Path(out)
+    if not path.exists():
+        raise UserError(f"{ARG} {path}: no such file or folder")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"--out {out}: exists and is not empty (pass --force to replace it)")
+    try:
+        loaded = load_model(path)
+    except UserError as e:
+        raise UserError(f"{ARG} {path}: {e}") from None
+    model, cfg, tok, folder = loaded.model, loaded.config, loaded.tokenizer, loaded.path
+    mcfg = model.cfg
+    state = read_state(folder)
+    info = {"variant": mcfg.variant, "paper_row": spec(mcfg.variant).paper, "preset": preset_name(mcfg),
+            "parameters": model.num_parameters(), **{k: getattr(mcfg, k) for k in
+                                                      ("d_model", "n_layers", "n_heads", "chunk_size", "segment_len",
+                                                       "vocab_size")},
+            "tokenizer": tok.name if tok is not None else None, "store": cfg.data.store, "seq_len": cfg.data.seq_len,
+            "step": state.get("step"), "planned_steps": cfg.train.steps, "checkpoint": str(folder)}
+    if tok is None:
+        warnings.warn(f"no tokenizer found for {folder} (neither beside it nor beside its store {cfg.data.store}): "
+                      f"{out} holds no tokenizer", RPTWarning, stacklevel=2)
+    record = {k: info[k] for k in ("variant", "preset", "store", "step", "checkpoint")}
+    record["tokenizer"] = tok.identity if tok is not None else None
+    record["train"] = dataclasses.asdict(cfg.train)
+    record["data"] = dataclasses.asdict(cfg.data)
+    hf = RPTForCausalLM.from_rpt_model(model, rpt=record)
+    if tok is not None:
+        eos = tok.tok.token_to_id("<|endoftext|>")
+        if eos is not None:
+            hf.config.eos_token_id = eos
+            hf.generation_config.eos_token_id = eos
+            hf.generation_config.pad_token_id = eos
+        if tok.vocab_size < mcfg.vocab_size:  # spare embedding rows: ids the tokenizer cannot decode
+            hf.generation_config.suppress_tokens = list(range(tok.vocab_size, mcfg.vocab_size))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        hf.save_pretrained(tmp)
+        if tok is not None:
+            hf_tokenizer(tok).save_pretrained(tmp)
+        (tmp / "README.md").write_text(model_card(info, find_eval_results(folder), str(out)))
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out
