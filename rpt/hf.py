@@ -299,6 +299,11 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds: not supported; pass input_ids")
         check_attention_mask(kwargs.get("attention_mask"))
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if kwargs.get("attention_mask") is None and isinstance(ids, torch.Tensor):
+            # every prompt token is real (there is no padding): without this, transformers would guess a mask from
+            # pad_token_id and read a pad id inside a prompt as padding
+            kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(inputs, generation_config, **kwargs)
 
     # -- construction from rpt checkpoints ---------------------------------------------------------------------

@@ -171,6 +171,25 @@ def test_every_variant_generates_as_rpt_generate(variant):
         torch.testing.assert_close(hf(ids, use_cache=True).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
 
 
+def test_batch_sampling_and_uncached_generate():
+    """Two prompts of one length (one holding the pad id, which is a real token here) in one batch give each prompt's
+    own greedy tokens; use_cache=False (the whole forward at every step) gives them too; sampling runs with
+    num_return_sequences (each sequence its own document cache row)."""
+    from rpt.model.registry import build_model
+
+    torch.manual_seed(0)
+    model = varied(build_model(RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=101, init_std=0.3).model, seed=0))
+    hf = RPTForCausalLM.from_rpt_model(model)
+    ids = torch.randint(1, 101, (2, 270), generator=torch.Generator().manual_seed(1))
+    ids[0, 5] = 0
+    ref = [g.tokens for g in generate(model, ids, GenerateConfig(max_new_tokens=20, greedy=True))]
+    assert hf.generate(ids, max_new_tokens=20, do_sample=False, pad_token_id=0)[:, 270:].tolist() == ref
+    uncached = hf.generate(ids[:1], max_new_tokens=20, do_sample=False, use_cache=False, pad_token_id=0)
+    assert uncached[0, 270:].tolist() == ref[0]
+    sampled = hf.generate(ids[:1], max_new_tokens=10, do_sample=True, top_k=5, num_return_sequences=3, pad_token_id=0)
+    assert sampled.shape == (3, 280) and torch.equal(sampled[:, :270], ids[:1].expand(3, -1))
+
+
 def test_loss_with_labels_equals_lm_loss(exported):
     from rpt.train.losses import lm_loss
 
