@@ -91,6 +91,7 @@ class DocumentCache:
 
     is_compileable = False
     is_croppable = False
+    is_linear = (True,)  # transformers: do not slice inputs by a K/V length (prepare_inputs_for_generation does)
 
     def __init__(self, model: torch.nn.Module, batch_size: int, n_neighbors: int | None = None,
                  memory: Any = None) -> None:
@@ -194,7 +195,7 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, inputs_embeds: torch.Tensor | None = None,
                 output_attentions: bool | None = None, output_hidden_states: bool | None = None,
                 return_dict: bool | None = None, n_neighbors: int | None = None, memory: Any = None,
-                **kwargs: Any) -> CausalLMOutputWithPast | tuple:
+                cache: DocumentCache | None = None, **kwargs: Any) -> CausalLMOutputWithPast | tuple:
         """input_ids [B, T] -> logits [B, T, V]; with labels [B, T] (usually input_ids) also `loss`: the mean
         next-token cross-entropy, position t scored on labels[t + 1], -100 ignored.
 
@@ -203,7 +204,7 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         otherwise (the default) `model.forward` runs over the whole sequence from the documents' start.
         n_neighbors: K neighbours per chunk fed to CCA (default: the model's); memory: the document memory of a new
         cache (see `model.new_cache`; default exact torch)."""
-        cache = kwargs.pop("cache", None) if past_key_values is None else past_key_values
+        cache = cache if past_key_values is None else past_key_values
         for name in _IGNORED_INPUTS:
             kwargs.pop(name, None)
         if kwargs:
@@ -264,9 +265,9 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values: Any = None,
                                       attention_mask: torch.Tensor | None = None,
                                       inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                                      **kwargs: Any) -> dict[str, Any]:
+                                      cache: Any = None, **kwargs: Any) -> dict[str, Any]:
         """The tokens the document cache has not seen yet (all of them at the first step, then the newest one)."""
-        cache = kwargs.pop("cache", None) if past_key_values is None else past_key_values
+        cache = cache if past_key_values is None else past_key_values
         for name in ("next_sequence_length", "is_first_iteration", *_IGNORED_INPUTS):
             kwargs.pop(name, None)
         if inputs_embeds is not None:

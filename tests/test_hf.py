@@ -188,6 +188,13 @@ def test_batch_sampling_and_uncached_generate():
     assert uncached[0, 270:].tolist() == ref[0]
     sampled = hf.generate(ids[:1], max_new_tokens=10, do_sample=True, top_k=5, num_return_sequences=3, pad_token_id=0)
     assert sampled.shape == (3, 280) and torch.equal(sampled[:, :270], ids[:1].expand(3, -1))
+    # generation continues from a returned cache: the text so far plus more tokens, only the new ones are stepped
+    first = hf.generate(ids[1:], max_new_tokens=8, do_sample=False, return_dict_in_generate=True, pad_token_id=0)
+    cache = first.cache if hasattr(first, "cache") else first.past_key_values
+    assert isinstance(cache, DocumentCache) and cache.pos == 270 + 7
+    seq = torch.cat([first.sequences, ids.new_tensor([ref[1][8:12]])], 1)
+    kw = {"cache" if hasattr(first, "cache") else "past_key_values": cache}
+    assert hf.generate(seq, max_new_tokens=8, do_sample=False, pad_token_id=0, **kw)[0, 270:].tolist() == ref[1]
 
 
 def test_loss_with_labels_equals_lm_loss(exported):
