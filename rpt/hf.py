@@ -256,7 +256,7 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
             V = logits.shape[-1]
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1).to(logits.device),
                                    ignore_index=-100)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache if use_cache or cache else None})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
         if return_dict is False:
             return out.to_tuple()
         return out
