@@ -46,19 +46,31 @@ def test_probe_names_sites_and_catches_the_math_path():
 
 
 def test_rpt_sem_kernels_on_cpu():
-    """What this CPU build takes for rpt-sem: the sliding window and every retriever attention fused, CCA's training
-    forward unfused (its learned relative bias is a mask that requires grad: CCA attends directly, or with
-    direct_attention off through SDPA's math path), CCA fused in evaluation."""
+    """Invariants of the report for rpt-sem that hold whatever kernels a torch build offers: every attention call site
+    of the model is reported once per phase with its call count, each row's `fused` agrees with the kernels it names,
+    and the overall verdict with its rows. Which fused kernel a build takes (flash-cpu today) is not pinned. One choice
+    is our code's, not the build's: CCA's training forward on a CPU attends directly (its learned relative bias is a
+    mask that requires grad), so it is reported as the unfused "direct" path."""
     r = probe_kernels("rpt-sem", "tiny", seq_len=512, batch_size=1, eval_tokens=256)
-    train = {row["site"]: row for row in r["train"]}
-    window = next(row for s, row in train.items() if "SelfAttention.forward" in s)
-    assert window["fused"] and window["calls"] == 4  # tiny: 4 layers
-    cca = [row for s, row in train.items() if "ChunkedCrossAttention" in s]
-    assert cca and not any(row["fused"] for row in cca) and "[layers.*.cca]" in cca[0]["site"]
-    assert {k for row in cca for k in row["kernels"]} == {"direct"} and all(row["calls"] == 2 for row in cca)
-    assert all(row["fused"] for s, row in train.items() if "ChunkedCrossAttention" not in s)
-    assert all(row["fused"] for row in r["eval"]) and not r["fused"]
-    assert any("attend_after_cache < SelfAttention.step" in row["site"] for row in r["eval"])
+    known = FUSED | {"math", "unknown", "direct"}
+    for phase in ("train", "eval"):
+        rows = r[phase]
+        sites = [row["site"] for row in rows]
+        assert len(sites) == len(set(sites)), sites  # one row per call site
+        for row in rows:
+            assert set(row["kernels"]) <= known and sum(row["kernels"].values()) == row["calls"], row
+            assert row["fused"] == (set(row["kernels"]) <= FUSED), row
+        # tiny: 4 layers, CCA in 2; training is one forward, evaluation two segment steps (256 tokens)
+        steps = 1 if phase == "train" else 2
+        window = "SelfAttention.forward" if phase == "train" else "attend_after_cache < SelfAttention.step"
+        calls = {s.split(":", 1)[1]: row["calls"] for s, row in zip(sites, rows, strict=True)}
+        assert calls == {f"{window} [layers.*.attn]": 4 * steps, "Attention.forward [encoder.attn]": steps,
+                         "Attention.forward [query_aug.self_attn]": steps, "Attention.forward [query_aug.cross_attn]": steps,
+                         "Attention.forward [gate.attn]": steps, "ChunkedCrossAttention.forward [layers.*.cca]": 2 * steps}
+    cca = next(row for row in r["train"] if "ChunkedCrossAttention" in row["site"])
+    assert cca["kernels"] == {"direct": 2} and not cca["fused"]
+    assert r["fused"] == all(row["fused"] for phase in ("train", "eval") for row in r[phase])
+    assert not r["fused"]  # the direct CCA rows are unfused
 
 
 def test_cca_through_sdpa_takes_the_math_path_in_cpu_training(monkeypatch):
@@ -141,8 +153,12 @@ def test_attn_dropout_benchmark_runs(tmp_path):
     out = tmp_path / "a.json"
     mod.main(["preset=tiny", "seq=256", "variants=xl", "rounds=2", "steps=1", f"out={out}"])
     rows = json.loads(out.read_text())["variants"]["xl"]
-    assert set(rows) == set(mod.SETTINGS) and rows["attn_dropout=0"]["ratio_to_attn_dropout_0"] == [1.0, 1.0]
-    assert all(len(r["seconds_per_update"]) == 2 for r in rows.values())
+    assert set(rows) == set(mod.SETTINGS) and all(len(r["seconds_per_update"]) == 2 for r in rows.values())
+    ref = rows["attn_dropout=0"]["seconds_per_update"]
+    for name, r in rows.items():  # each round's time against the reference setting's time in the same round
+        want = [a / b for a, b in zip(r["seconds_per_update"], ref, strict=True)]
+        assert r["ratio_to_attn_dropout_0"] == pytest.approx(want), name
+    assert any(r != 1.0 for name, row in rows.items() if name != "attn_dropout=0" for r in row["ratio_to_attn_dropout_0"])
 
 
 @pytest.mark.parametrize("flags, needle", [(["--variants", "xl,gpt"], "--variants"), (["--preset", "huge"], "--preset")]
