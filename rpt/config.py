@@ -225,6 +225,10 @@ class TrainConfig:
     out_dir: str = "runs/rpt"
     checkpoint_every: int = 100
     keep_last: int = 3
+    # validation: the LM loss on the first val_sequences sequences of the store's validation split every val_every
+    # updates and at the end (0: never), each with a checkpoint; the one of the lowest loss is kept in <out_dir>/best
+    val_every: int = 0
+    val_sequences: int = 16
     log_every: int = 10
     tensorboard: bool = False
 

@@ -16,6 +16,7 @@ _FLAGS = {
     "variant": "model.variant", "vocab_size": "model.vocab_size", "seq_len": "data.seq_len", "steps": "train.steps",
     "batch_size": "train.batch_size", "grad_accum": "train.grad_accum", "lr": "train.lr", "seed": "train.seed",
     "optimizer": "train.optimizer", "precision": "train.precision", "out": "train.out_dir", "store": "data.store",
+    "val_every": "train.val_every",
 }
 
 
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate (train.lr)")
     p.add_argument("--seq-len", type=int, help="training sequence length (data.seq_len)")
     p.add_argument("--seed", type=int, help="train.seed")
+    p.add_argument("--val-every", type=int, metavar="N", help="validation loss on the store's validation split every N "
+                   "updates and at the end, the best checkpoint kept in <out>/best (train.val_every; default 0: never)")
     p.add_argument("--optimizer", choices=["adamw", "adabelief"], help="train.optimizer")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16 autocast on GPUs)")
     p.add_argument("--vocab-size", type=int, help="model.vocab_size (with --preset, default: the store's tokenizer's)")

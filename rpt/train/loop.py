@@ -268,9 +268,11 @@ def _check_config(cfg: RPTConfig) -> None:
     for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every"):
         if getattr(t, name) < 1:
             raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    for name in ("loss_chunk", "gate_hold_steps"):
+    for name in ("loss_chunk", "gate_hold_steps", "val_every"):
         if getattr(t, name) < 0:
             raise ValueError(f"train.{name} must be >= 0, got {getattr(t, name)}")
+    if t.val_every and t.val_sequences < 1:
+        raise ValueError(f"train.val_sequences must be >= 1 with train.val_every, got {t.val_sequences}")
 
 
 def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
@@ -326,6 +328,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         check_fits(cfg, dev)
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
+    validation = _validation_set(store_root if store_root is not None else cfg.data.store, cfg) if tc.val_every else None
 
     last = ckpt_io.latest_intact(out_dir)  # a damaged newer checkpoint is skipped with a warning naming it
     if last is not None and not resume:
@@ -382,6 +385,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             path = ckpt_io.save(out_dir, step, model_state, optim_state, cfg, rngs, stream.state_dict(), metrics, tc.keep_last)
         D.barrier(info)
         return path
+
+    best = _read_best(out_dir)
 
     retriever = mcfg.has_retriever
     window = torch.zeros(7, dtype=torch.float64)
@@ -449,18 +454,26 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                             "grad_norm": grad_norm}
             log.tick()
             done = step == tc.steps or (stop_after is not None and step - start >= stop_after)
-            checkpoint_now = step % tc.checkpoint_every == 0 or done
+            validate_now = validation is not None and (step % tc.val_every == 0 or step == tc.steps)
+            checkpoint_now = step % tc.checkpoint_every == 0 or done or validate_now
             # a checkpoint also closes the log window, so a resumed run logs exactly what an uninterrupted one does
             if step % tc.log_every == 0 or checkpoint_now:
                 now = time.perf_counter()
                 last_row = _log_row(step, window, window_grad / window_steps, now - t_window, step_metrics, retriever,
                                     mcfg.n_neighbors)
+                if validate_now:
+                    val = validation_loss(model, validation, mcfg, dev, autocast, tc.batch_size, tc.loss_chunk, info,
+                                          tc.val_sequences)
+                    last_row["val_loss"], last_row["val_ppl"] = val, math.exp(min(val, 700.0))
                 log.write(last_row)
                 window.zero_()
                 window_grad, window_steps, t_window = 0.0, 0, now
             if checkpoint_now:
-                save(step, last_row)
-                t_window = time.perf_counter()  # tokens/s leaves the checkpoint's time out
+                path = save(step, last_row)
+                if validate_now and path is not None and (best is None or last_row["val_loss"] < best["val_loss"]):
+                    best = {"step": step, "val_loss": last_row["val_loss"], "checkpoint": path.name}
+                    _keep_best(out_dir, path, best)  # the main rank (the one that saved)
+                t_window = time.perf_counter()  # tokens/s leaves the checkpoint's (and validation's) time out
             if on_step is not None:
                 on_step(step, step_metrics)
             if done:
@@ -468,6 +481,82 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     finally:
         log.close()
     return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# validation and the best checkpoint
+
+
+def _validation_set(store_root: str | Path, cfg: RPTConfig) -> SequenceDataset:
+    """The validation split's sequences (no labels: retro reads BM25's neighbours of each query chunk, computed here),
+    or a ValueError naming the missing split."""
+    root = Path(store_root)
+    try:
+        store = open_store(root, "validation") if not (root / "manifest.json").exists() else None
+    except StoreError as e:
+        raise ValueError(f"train.val_every needs a validation split: {e}") from None
+    if store is None:
+        raise ValueError(f"train.val_every needs a validation split, and {root} is one split's store: pass the "
+                         "`rpt prepare` root holding train/ and validation/")
+    data = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, cfg.model.segment_len)
+    if len(data) == 0:
+        raise ValueError(f"train.val_every: no validation sequences in {store.path} (every document is shorter than "
+                         f"two segments)")
+    return data
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, data: SequenceDataset, mcfg: ModelConfig, device: torch.device, autocast,
+                    batch_size: int, loss_chunk: int, info: D.DistInfo, n_sequences: int | None = None) -> float:
+    """Mean LM loss (nats per token) over the first n_sequences (default train.val_sequences) validation sequences,
+    sharded over ranks. The model reads what it reads at evaluation: its own retriever (rpt-lex, rpt-sem), BM25's
+    neighbours of each query chunk (retro: `rpt.eval.perplexity.bm25_neighbors`, causal statistics), nothing (xl and
+    the baselines). Leaves the model in train mode."""
+    from rpt.eval.perplexity import bm25_neighbors
+
+    n = min(len(data), n_sequences if n_sequences is not None else 16)
+    mine = list(range(info.rank, n, info.world_size))
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    model.eval()
+    try:
+        for b in range(0, len(mine), batch_size):
+            ids, masks = zip(*(data.tokens(i) for i in mine[b : b + batch_size]), strict=True)
+            x = torch.as_tensor(np.stack(ids), device=device)
+            mask = torch.as_tensor(np.stack(masks), device=device)
+            kwargs: dict[str, Any] = {}
+            if mcfg.variant == "retro":
+                nb = [bm25_neighbors(t, mcfg.chunk_size, mcfg.segment_len, mcfg.n_neighbors) for t in ids]
+                kwargs["neighbor_ids"] = torch.as_tensor(np.stack(nb), device=device)
+            with autocast():
+                _, lm = forward_lm(model, x, kwargs, mask, loss_chunk)
+            total += torch.stack([lm.total.double(), lm.count.double()])
+    finally:
+        model.train()
+    D.all_reduce_sum(total, info)
+    return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+
+
+def _read_best(out_dir: Path) -> dict[str, Any] | None:
+    p = out_dir / "best" / "best.json"
+    try:
+        return json.loads(p.read_text()) if p.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _keep_best(out_dir: Path, checkpoint: Path, best: dict[str, Any]) -> None:
+    """Copy `checkpoint` to <out_dir>/best (a checkpoint folder like any other, plus best.json), replacing the older
+    best only once the new copy is complete."""
+    tmp = out_dir / ".best.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint, tmp)
+    (tmp / "best.json").write_text(json.dumps(best, indent=2))
+    old = out_dir / ".best.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (out_dir / "best").exists():
+        (out_dir / "best").rename(old)
+    tmp.rename(out_dir / "best")
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _check_scores(scores: torch.Tensor, retrievable: torch.Tensor) -> None:
