@@ -345,6 +345,14 @@ def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False
     return text + (f" (n={n})" if n_row is not None and n != n_row else "")
 
 
+def _once(st: tuple[float, float, int] | None, who: str) -> tuple[float, float, int] | None:
+    """A ranking that is the same for every seed (all but the model's own) seen n times with no spread: its value once,
+    not "± 0.0", a spread nobody measured."""
+    if st is not None and who != "model" and st[1] == 0:
+        return st[0], 0.0, 1
+    return st
+
+
 def _metric_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, ranking, row) of every retrieval-metric line: each model's own retriever, then every ranking that is the
     same for every model of a split (BM25, DPR, the chance levels, the oracle) once per distinct value."""
@@ -396,7 +404,7 @@ def to_markdown(table: dict[str, Any]) -> str:
                   "| retriever | n | P@2 | R@10 | nDCG@20 | training recall@K |"
                   + (" paper P@2 / R@10 / nDCG@20 |" if paper else ""),
                   "|---|---|---|---|---|---|" + ("---|" if paper else "")]
-        buckets: list[tuple[str, dict[str, Any]]] = []
+        buckets: list[tuple[str, str, dict[str, Any]]] = []
         for name, who, r in _metric_rows(with_metrics):
             m = r[f"metrics_{who}"]
             n = m[0][2]
@@ -410,12 +418,12 @@ def to_markdown(table: dict[str, Any]) -> str:
                 cells.append(" / ".join(f"{100 * x:.0f}%" for x in ref) if ref else "")
             lines.append("| " + " | ".join(cells) + " |")
             if r.get(f"buckets_{who}"):
-                buckets.append((name, r[f"buckets_{who}"]))
+                buckets.append((name, who, r[f"buckets_{who}"]))
         if buckets:
-            names = sorted({b for _, bs in buckets for b in bs}, key=_bucket_lo)
+            names = sorted({b for _, _, bs in buckets for b in bs}, key=_bucket_lo)
             lines += ["", "P@2 by pool size (retrievable chunks of the query):", "",
                       "| retriever | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-            for name, bs in buckets:
-                lines.append(f"| {name} | " + " | ".join(_fmt(bs.get(b), pct=True) for b in names) + " |")
+            for name, who, bs in buckets:
+                lines.append(f"| {name} | " + " | ".join(_fmt(_once(bs.get(b), who), pct=True) for b in names) + " |")
     lines += ["", table["note"]]
     return "\n".join(lines)

@@ -225,4 +225,4 @@ def test_chance_rows_buckets_the_random_control_and_training_recall(tmp_path):
     text = to_markdown(compare(rs))
     assert "gold: exhaustive" in text and "| random (chance, expected) | 2 (same ranking) | 4.0% |" in text
     assert "| ppl, random neighbours | random gain |" in text
-    assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text
+    assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text and "| random (chance, expected) | " in text

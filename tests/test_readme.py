@@ -1,4 +1,4 @@
-"""README's pipeline commands run as written, in order, from a fresh folder (issue #13).
+"""README's pipeline commands run as written, in order, from a fresh folder.
 
 The commands are read from README.md itself (the fenced blocks of "The pipeline, verb by verb"), so an example that
 stops fitting the next one (labels of another span or segment, a prompt file that does not exist) fails here. Each runs
@@ -26,6 +26,7 @@ SMALL = {  # verb -> flags appended to make it quick
     "compare": [],
     "sweep": ["--steps", "2"],  # after its `--`: a train argument (the last --steps wins)
     "dpr": ["--steps", "2", "--batch-size", "4", "--max-documents", "2", "--heldout", "2", "--no-progress"],
+    "export": [],
 }
 ELSEWHERE = {"demo", "copytest", "bench"}
 
@@ -65,7 +66,7 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
         out = capsys.readouterr()
         assert code == 0, f"README command failed (exit {code}): {line}\n{out.err[-2000:]}"
         ran.append(verb)
-    assert ran.count("label") == 3 and ran.count("train") == 3 and {"prepare", "eval", "generate", "explore"} <= set(ran)
+    assert ran.count("label") == 4 and ran.count("train") == 3 and {"prepare", "eval", "generate", "explore"} <= set(ran)
     assert (tmp_path / "explore.html").is_file() and (tmp_path / "sem.json").is_file()
 
 

@@ -87,3 +87,24 @@ def test_cli_flags_and_bad_values(store, tmp_path, capsys):
     assert LabelStore.open(tmp_path / "l").manifest["candidates"] == "all"
     with pytest.raises(ValueError, match="query_fraction"):
         LabelSpec(query_fraction=0).validate()
+
+
+def test_gold_signal_benchmark_reads_an_exhaustive_store(store, scorer, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gold_signal.py"
+    spec = importlib.util.spec_from_file_location("gold_signal", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sem = LabelSpec(kind="sem", span=None, chunk_size=M, segment_len=S, candidates="all", query_fraction=0.5)
+    out = label_split(store, tmp_path / "gold", sem, scorer=scorer, decode=store_decode(store), max_documents=2,
+                      progress=False)
+    got = mod.gold_signal(str(out))
+    t = np.asarray(LabelStore.open(out).target)
+    assert got["pairs"] == int(np.isfinite(t).sum()) and got["positive_share"] == pytest.approx((t[np.isfinite(t)] > 0).mean())
+    assert -1 <= got["spearman_bm25_mean"] <= 1
+    assert mod.rank_correlation(np.arange(5), np.arange(5) * 2.0) == pytest.approx(1.0)
+    with pytest.raises(SystemExit, match="not exhaustive"):
+        mod.gold_signal(str(label_split(store, tmp_path / "lex", LabelSpec(kind="lex", span=None, chunk_size=M,
+                                                                            segment_len=S, k=2), progress=False)))
