@@ -57,6 +57,8 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
             continue
         verb = argv[1]
         extra = ["--max-documents", "1"] if verb == "label" and "test" in argv else []  # eval and explore read doc 0
+        if "--candidates" in argv:  # exhaustive gold scores every (query, earlier chunk) pair: a few queries do here
+            extra += ["--query-fraction", "0.02"]
         if verb == "sweep":  # its own flags go before `--` (after it, SMALL's are train arguments); the test split
             extra = ["--max-documents", "1", "--seeds", "0"]  # is labelled for its first document only (above)
             i = argv.index("--")
