@@ -33,6 +33,12 @@ def last_retrievable(query_chunk: A, chunk_size: int, segment_len: int) -> A:
     return (query_chunk // cps - 1) * cps - 2
 
 
+def pool_size(query_chunk: A, chunk_size: int, segment_len: int) -> A:
+    """How many chunks each query chunk may retrieve (0 .. last_retrievable), 0 where none."""
+    n = last_retrievable(query_chunk, chunk_size, segment_len) + 1
+    return n.clip(min=0) if isinstance(n, (np.ndarray, torch.Tensor)) else max(n, 0)
+
+
 def retrievable_mask(n_chunks: int, chunk_size: int, segment_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Bool [C, C]: mask[i, j] is True iff chunk j (with continuation j+1) is retrievable for query chunk i."""
     idx = torch.arange(n_chunks, device=device)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rpt.config import VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths, with_former_defaults
+from rpt.eval.metrics import bucket_lo
 from rpt.utils import UserError
 
 DOMAINS = ("arxiv", "code", "pg19", "books3")
@@ -73,10 +74,6 @@ METRICS = ("precision@2", "recall@10", "ndcg@20")
 RANKINGS = ("model", "bm25", "dpr", "recency", "random", "oracle")
 FIXED_NAMES = {"bm25": "BM25", "dpr": "DPR-style", "recency": "recency (chance)", "random": "random (chance, expected)",
                "oracle": "oracle (ceiling)"}
-
-
-def _bucket_lo(name: str) -> int:
-    return int(name.split()[1].split("-")[0].rstrip("+"))
 
 
 def training_recall(result: dict[str, Any], window: int = 100) -> float | None:
@@ -313,7 +310,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
                 vals = list(s.metrics[who].values())
                 row[f"metrics_{who}"] = [_stats([v[i] for v in vals]) for i in range(len(METRICS))]
             if s.buckets.get(who):
-                names = sorted({b for v in s.buckets[who].values() for b in v}, key=_bucket_lo)
+                names = sorted({b for v in s.buckets[who].values() for b in v}, key=bucket_lo)
                 row[f"buckets_{who}"] = {b: _stats([v[b] for v in s.buckets[who].values()
                                                     if v.get(b) is not None]) for b in names}
         if s.gold:
@@ -420,7 +417,7 @@ def to_markdown(table: dict[str, Any]) -> str:
             if r.get(f"buckets_{who}"):
                 buckets.append((name, who, r[f"buckets_{who}"]))
         if buckets:
-            names = sorted({b for _, _, bs in buckets for b in bs}, key=_bucket_lo)
+            names = sorted({b for _, _, bs in buckets for b in bs}, key=bucket_lo)
             lines += ["", "P@2 by pool size (retrievable chunks of the query):", "",
                       "| retriever | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
             for name, who, bs in buckets:

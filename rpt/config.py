@@ -322,6 +322,7 @@ def check_ranges(cfg: RPTConfig) -> None:
         "train.alpha_ramp_steps": at_least(0), "train.ss_fraction": unit, "train.loss_chunk": at_least(0),
         "train.neighbour_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
         "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
+        "train.val_every": at_least(0), "train.val_sequences": at_least(1),
         "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
         "eval.max_documents": at_least(0),
     }

@@ -27,3 +27,13 @@ def test_first_two_segments_retrieve_nothing():
     assert last_retrievable(3, m, s) < 0
     assert last_retrievable(4, m, s) == 0  # segment 2 sees segments 1,2; chunk 0 + continuation 1 precede them
     assert (last_retrievable(torch.arange(8), m, s) == torch.tensor([-4, -4, -2, -2, 0, 0, 2, 2])).all()
+
+
+def test_pool_size_counts_the_retrievable_chunks():
+    from rpt.chunks import pool_size, retrievable_mask_np
+
+    m, s = 4, 8  # 2 chunks per segment
+    counts = retrievable_mask_np(12, m, s).sum(1)
+    np.testing.assert_array_equal(pool_size(np.arange(12), m, s), counts)
+    assert [pool_size(i, m, s) for i in range(12)] == counts.tolist()
+    assert torch.equal(pool_size(torch.arange(12), m, s), torch.as_tensor(counts))

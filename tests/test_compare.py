@@ -213,7 +213,8 @@ def test_chance_rows_buckets_the_random_control_and_training_recall(tmp_path):
         r["checkpoint"] = str(run / "checkpoints" / "step_00000100")
         bucket = {"precision@2": 0.1, "recall@10": 0.2, "ndcg@20": 0.3, "n_queries": 5}
         r["retrieval"]["model"]["buckets"] = {"pool 1-27": bucket, "pool 28-128": {**bucket, "precision@2": 0.05}}
-        r["retrieval"]["random"] = {"precision@2": 0.04, "recall@10": 0.1, "ndcg@20": 0.05}
+        r["retrieval"]["random"] = {"precision@2": 0.04, "recall@10": 0.1, "ndcg@20": 0.05,
+                                    "buckets": {"pool 1-27": {**bucket, "precision@2": 0.06}}}
         r["retrieval"]["gold"] = "exhaustive"
         rs += [r, result("rpt-sem", seed, "none", 99.0 + seed), result("rpt-sem", seed, "random", 98.0 + seed)]
     row = compare(rs)["rows"][0]
@@ -225,4 +226,6 @@ def test_chance_rows_buckets_the_random_control_and_training_recall(tmp_path):
     text = to_markdown(compare(rs))
     assert "gold: exhaustive" in text and "| random (chance, expected) | 2 (same ranking) | 4.0% |" in text
     assert "| ppl, random neighbours | random gain |" in text
-    assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text and "| random (chance, expected) | " in text
+    assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text
+    assert "| random (chance, expected) | " in text
+    assert "| random (chance, expected) | 6.0% |  |" in text  # a fixed ranking's bucket value once, no "± 0.0"

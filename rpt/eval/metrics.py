@@ -97,16 +97,8 @@ def metric_sums(ranked: np.ndarray, candidates: np.ndarray, target: np.ndarray,
 
     Returns {"precision@2": sum, "recall@10": sum, "ndcg@20": sum, "n_queries": count} (names follow `ks`).
     """
-    ranked = np.asarray(ranked).reshape(len(ranked), -1)
-    gains = ranked_gains(ranked, candidates, target)
-    n_pos = n_positives(candidates, target)
-    valid = n_pos > 0
-    values = {
-        f"precision@{ks['precision']}": precision_at_k(gains, ks["precision"]),
-        f"recall@{ks['recall']}": recall_at_k(gains, n_pos, ks["recall"]),
-        f"ndcg@{ks['ndcg']}": ndcg_at_k(gains, candidates, target, ks["ndcg"]),
-    }
-    out = {name: float(v[valid].sum()) for name, v in values.items()}
+    valid = n_positives(candidates, target) > 0
+    out = {name: float(v[valid].sum()) for name, v in ranking_values(ranked, candidates, target, ks).items()}
     out["n_queries"] = float(valid.sum())
     return out
 
@@ -140,7 +132,7 @@ def expected_random(candidates: np.ndarray, target: np.ndarray, pool: np.ndarray
     return out
 
 
-def recency_ranking(query_chunks: np.ndarray, pool: np.ndarray, depth: int) -> np.ndarray:
+def recency_ranking(pool: np.ndarray, depth: int) -> np.ndarray:
     """[Q, depth] the most recent retrievable chunks first: pool - 1, pool - 2, ... (document-absolute ids when the
     retrievable chunks of a query are 0 .. pool - 1, as with whole-document spans); -1 beyond the pool."""
     pool = np.asarray(pool, dtype=np.int64)[:, None]
@@ -214,9 +206,10 @@ def finalize(sums: Mapping[str, float]) -> dict[str, Any]:
             b, name = k.split("|", 1)
             buckets.setdefault(b, {})[name] = v
     if buckets:
-        out["buckets"] = {b: finalize(buckets[b]) for b in sorted(buckets, key=_bucket_lo)}
+        out["buckets"] = {b: finalize(buckets[b]) for b in sorted(buckets, key=bucket_lo)}
     return out
 
 
-def _bucket_lo(name: str) -> int:
+def bucket_lo(name: str) -> int:
+    """The lower bound of a `pool_buckets` name ("pool 28-128" -> 28), to sort buckets by."""
     return int(name.split()[1].split("-")[0].rstrip("+"))

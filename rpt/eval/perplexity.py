@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
-from rpt.chunks import chunks_per_segment, last_retrievable
+from rpt.chunks import chunks_per_segment, last_retrievable, pool_size
 from rpt.config import check_neighbors
 from rpt.data.store import StoreError, TokenStore
 from rpt.eval import analysis, metrics
@@ -96,7 +96,7 @@ def random_neighbors(n_chunks: int, chunk_size: int, segment_len: int, k: int, d
     fewer than k are retrievable; -1 fills), from a generator seeded by the document index: the same for every
     checkpoint evaluated on the store."""
     rng = np.random.default_rng([RANDOM_SEED, int(doc)])
-    pool = np.maximum(last_retrievable(np.arange(n_chunks), chunk_size, segment_len) + 1, 0)
+    pool = pool_size(np.arange(n_chunks), chunk_size, segment_len)
     ids = np.full((n_chunks, k), -1, np.int64)
     for i in np.nonzero(pool)[0]:
         n = int(pool[i])
@@ -293,14 +293,14 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
                                "perplexity": math.exp(ev.nll_sum / ev.n_targets) if ev.n_targets else None,
                                "memory_bytes": ev.memory_bytes, "kv_cache_bytes": ev.kv_cache_bytes, "seconds": ev.seconds}
         if with_metrics:
-            pool = np.maximum(last_retrievable(np.arange(n_chunks), M, S) + 1, 0)
+            pool = pool_size(np.arange(n_chunks), M, S)
             stats = metrics.query_stats(rows.candidates, rows.target, pool)
             rankings = {"bm25": bm25_ids[:, :METRIC_DEPTH]}
             if dpr_ids is not None:
                 rankings["dpr"] = dpr_ids[:, :METRIC_DEPTH]
             if ev.top_ids is not None:
                 rankings = {"model": ev.top_ids[:, :METRIC_DEPTH], **rankings}
-            rankings["recency"] = metrics.recency_ranking(np.arange(n_chunks), pool, METRIC_DEPTH)
+            rankings["recency"] = metrics.recency_ranking(pool, METRIC_DEPTH)
             values = {name: metrics.ranking_values(ranked, rows.candidates, rows.target)
                       for name, ranked in rankings.items()}
             values["random"] = metrics.expected_random(rows.candidates, rows.target, pool)
@@ -342,7 +342,7 @@ def gold_name(manifest: dict[str, Any]) -> str:
 def training_pool(seq_len: int, chunk_size: int, segment_len: int) -> int:
     """The largest number of retrievable chunks a query of a training span of seq_len tokens has (pair queries: the
     last chunk with a target)."""
-    return max(int(last_retrievable(seq_len // chunk_size - 2, chunk_size, segment_len)) + 1, 0)
+    return int(pool_size(seq_len // chunk_size - 2, chunk_size, segment_len))
 
 
 def summarize(sums: dict[str, float], documents: list[dict[str, Any]], seconds: float) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rpt.chunks import chunks_per_segment, last_retrievable
+from rpt.chunks import chunks_per_segment, pool_size
 from rpt.labels.bm25 import K1, B, Query, bm25_candidates
 from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
@@ -92,7 +92,7 @@ class LabelSpec:
         if self.span is not None:
             n = min(n, self.span // self.chunk_size)
         last_query = n - 2 if self.query == "pair" else n - 1
-        return max(1, int(last_retrievable(last_query, self.chunk_size, self.segment_len)) + 1)
+        return max(1, int(pool_size(last_query, self.chunk_size, self.segment_len)))
 
 
 def pool_sizes(n_chunks: int, spec: LabelSpec) -> np.ndarray:
@@ -100,7 +100,7 @@ def pool_sizes(n_chunks: int, spec: LabelSpec) -> np.ndarray:
     starts = span_starts(n_chunks, spec)
     span_of = np.searchsorted(starts, np.arange(n_chunks), side="right") - 1
     local = np.arange(n_chunks) - starts[span_of]
-    return np.maximum(last_retrievable(local, spec.chunk_size, spec.segment_len) + 1, 0)
+    return pool_size(local, spec.chunk_size, spec.segment_len)
 
 
 def sampled_queries(n_chunks: int, fraction: float, doc: int) -> np.ndarray:
@@ -129,9 +129,8 @@ def label_document(tokens: np.ndarray, spec: LabelSpec, scorer: Scorer | None = 
     SCORE_ROWS (and about SCORE_PAIRS pairs) at a time, bounded memory on long documents; on_progress(c) is told how
     many chunks of the document are done so far."""
     m = spec.chunk_size
-    n_all = len(tokens) // m
-    k = width if width is not None else spec.width(np.array([n_all]))
     n_chunks = len(tokens) // m
+    k = width if width is not None else spec.width(np.array([n_chunks]))
     cand = np.full((n_chunks, k), -1, np.int32)
     bm25 = np.full((n_chunks, k), np.nan, np.float32)
     target = np.full((n_chunks, k), np.nan, np.float32)

@@ -262,19 +262,6 @@ def _model_difference(recorded: RPTConfig, cfg: RPTConfig) -> str:
     return "; ".join(config_differences(old, new))
 
 
-def _check_config(cfg: RPTConfig) -> None:
-    cfg.validate()
-    t = cfg.train
-    for name in ("steps", "batch_size", "grad_accum", "log_every", "checkpoint_every"):
-        if getattr(t, name) < 1:
-            raise ValueError(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    for name in ("loss_chunk", "gate_hold_steps", "val_every"):
-        if getattr(t, name) < 0:
-            raise ValueError(f"train.{name} must be >= 0, got {getattr(t, name)}")
-    if t.val_every and t.val_sequences < 1:
-        raise ValueError(f"train.val_sequences must be >= 1 with train.val_every, got {t.val_sequences}")
-
-
 def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
           fsdp: bool = False, device: str | None = None, stop_after: int | None = None, progress: bool = True,
           model_factory: Callable[[ModelConfig], nn.Module] | None = None,
@@ -293,7 +280,7 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
         (rpt.train.memory: the estimate and its parts are in the message).
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
     """
-    _check_config(cfg)
+    cfg.validate()  # ranges included (rpt.config.check_ranges): a config changed after it was built is checked again
     info = D.setup(device)
     try:
         # one run per folder: a second `rpt train --out` into it is refused while this one lives (the main rank locks)

@@ -46,7 +46,7 @@ def test_a_ranking_that_knows_nothing_scores_the_chance_level_under_exhaustive_g
     pools = np.full(Q, pool)
     chance = metrics.expected_random(cand, target, pools)["precision@2"]
     valid = metrics.n_positives(cand, target) > 0
-    recency = metrics.ranking_values(metrics.recency_ranking(np.arange(Q), pools, 20), cand, target)["precision@2"]
+    recency = metrics.ranking_values(metrics.recency_ranking(pools, 20), cand, target)["precision@2"]
     assert recency[valid].mean() == pytest.approx(chance[valid].mean(), abs=0.01)
     assert chance[valid].mean() == pytest.approx(0.1 * 40 / 40 / (1 - 0.9**40), abs=0.01)  # E[n_pos] / pool given >= 1
     from rpt.eval.perplexity import oracle_neighbors
@@ -56,7 +56,7 @@ def test_a_ranking_that_knows_nothing_scores_the_chance_level_under_exhaustive_g
 
 
 def test_recency_ranking_is_the_most_recent_retrievable_first():
-    r = metrics.recency_ranking(np.arange(3), np.array([0, 2, 5]), 4)
+    r = metrics.recency_ranking(np.array([0, 2, 5]), 4)
     np.testing.assert_array_equal(r, [[-1, -1, -1, -1], [1, 0, -1, -1], [4, 3, 2, 1]])
 
 
