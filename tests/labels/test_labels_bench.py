@@ -35,3 +35,15 @@ def test_benchmark_runs_and_reports_ratios():
     s = res["scorer"]
     assert s["hours_per_billion_tokens"] * 3600 * s["chunks_per_s"] == pytest.approx(1e9 / 64)
     assert "device-hours to label a billion training tokens" in report
+
+
+def test_smollm2_shape_scorer_has_smollm2s_architecture_and_covers_the_bpe():
+    """`--scorer smollm2-shape`: SmolLM2-135M's shape (its cost) with random weights; the vocabulary pads past the BPE's."""
+    from rpt.labels import bench
+
+    _, tok = bench.stdlib_tokens(5_000, vocab_size=512)
+    sc = bench.tiny_scorer(tok, "cpu", shape=bench.SMOLLM2_SHAPE)
+    cfg = sc.model.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (576, 30, 9, 3)
+    assert cfg.vocab_size == 49152 and sc.name == "random-llama-576x30"
+    assert 134e6 < sum(p.numel() for p in sc.model.parameters()) < 136e6  # SmolLM2-135M's 134.5M, embeddings tied
