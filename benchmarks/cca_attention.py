@@ -9,7 +9,7 @@ every gradient) and times a training step (synthetic tokens, the chunked LM loss
 of each variant with each path, in one process, from the same weights, the paths alternating within every round.
 Run it alone on the machine.
 
-    python benchmarks/cca_attention.py preset=tiny seq=1024 batch=2 segment=128 rounds=5 steps=5 out=docs/cca_attention_cpu.json
+    python benchmarks/cca_attention.py preset=tiny seq=1024 batch=2 segment=128 rounds=5 steps=5 out=docs/data/cca_attention_cpu.json
 """
 
 from __future__ import annotations

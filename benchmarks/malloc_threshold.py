@@ -11,7 +11,7 @@ Each config runs in fresh processes (`rpt.bench.measure_step`), the two allocato
 times; each process times `steps` updates (the first is warm-up). Run it alone on the machine.
 
     python benchmarks/malloc_threshold.py preset=small seq=4096 variants=xl,rpt-sem rounds=3 steps=4 \
-        out=docs/malloc_threshold_cpu.json
+        out=docs/data/malloc_threshold_cpu.json
 """
 
 from __future__ import annotations

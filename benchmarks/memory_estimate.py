@@ -7,7 +7,7 @@ the optimiser step); the peak RSS (CPU) or max_memory_allocated (CUDA) is set ag
 alone on the machine. `loss_chunk=0` measures the full-logit loss (the default is the chunked one).
 
     python benchmarks/memory_estimate.py                         # tiny preset, xl / retro / rpt-sem, 2K-16K tokens
-    python benchmarks/memory_estimate.py preset=small seq=4096,8192 variants=xl,rpt-sem out=docs/memory_estimate.json
+    python benchmarks/memory_estimate.py preset=small seq=4096,8192 variants=xl,rpt-sem out=docs/data/memory_estimate.json
     python benchmarks/memory_estimate.py loss_chunk=0
     python benchmarks/memory_estimate.py variants=memorizing seq=8192 repeat=3      # the peak's run-to-run spread
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/memory_estimate.py ...          # glibc: no heap fragmentation
