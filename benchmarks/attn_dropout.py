@@ -3,7 +3,8 @@ attention probabilities: every attention call takes the unfused math path on a C
 (residual dropout kept, attention on the fused CPU kernel) and with no dropout at all. One process, the three models
 built from one seed, timed in alternating order per round; the ratio to attn_dropout=0 is taken within each round.
 
-    python benchmarks/attn_dropout.py preset=small seq=2048 variants=xl,rpt-sem rounds=3 steps=3 out=docs/data/attn_dropout_cpu.json
+    python benchmarks/attn_dropout.py preset=small seq=2048 variants=xl,rpt-sem rounds=3 steps=3 \
+        out=docs/data/attn_dropout_cpu.json
 
 Run it alone on the machine. Synthetic tokens; rpt-sem retrieves with its own retriever (no labels: LM loss only).
 """

@@ -1,15 +1,15 @@
 """CCA's attention in training on a CPU: through scaled_dot_product_attention with a full [N, H, M, 1 + L] mask (before)
 or directly, the biases added in place into the scores (after, `ChunkedCrossAttention.direct_attention`), side by side.
 
-Issue #14 asked to remove what is overhead in a tiny-preset update of the retrieving variants. The profile
-(docs/results.md §2b) put about 33 ms of a 300 ms rpt-sem update into building CCA's mask (`where`, `cat`): the learned
-relative bias makes the mask require grad, so SDPA takes its unfused math path anyway, after the mask has been
-materialised at the scores' size three times. Both paths compute one function; this script checks that (loss and
-every gradient) and times a training step (synthetic tokens, the chunked LM loss, LambdaRank for rpt-sem, backward)
-of each variant with each path, in one process, from the same weights, the paths alternating within every round.
-Run it alone on the machine.
+Overhead in a tiny-preset update of the retrieving variants: the profile (docs/results/speed.md#step-profile) put
+about 33 ms of a 300 ms rpt-sem update into building CCA's mask (`where`, `cat`): the learned relative bias makes the
+mask require grad, so SDPA takes its unfused math path anyway, after the mask has been materialised at the scores'
+size three times. Both paths compute one function; this script checks that (loss and every gradient) and times a
+training step (synthetic tokens, the chunked LM loss, LambdaRank for rpt-sem, backward) of each variant with each
+path, in one process, from the same weights, the paths alternating within every round. Run it alone on the machine.
 
-    python benchmarks/cca_attention.py preset=tiny seq=1024 batch=2 segment=128 rounds=5 steps=5 out=docs/data/cca_attention_cpu.json
+    python benchmarks/cca_attention.py preset=tiny seq=1024 batch=2 segment=128 rounds=5 steps=5 \
+        out=docs/data/cca_attention_cpu.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Neighbour gate with and without a dead zone (issue #10, item 3): `gate=paper` (max(eta, sigmoid) with the
+"""Neighbour gate with and without a dead zone: `gate=paper` (max(eta, sigmoid) with the
 sigmoid's gradient passed through the clamp, the default) against `gate=clamp` (as printed: no gradient below eta),
 paired seeds, on code (the demo's store) and on the copy corpus (a `rpt copytest` folder).
 

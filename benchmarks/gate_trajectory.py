@@ -1,5 +1,5 @@
 """The neighbour gate and the retrieval gain of a run's checkpoints, one line each: do CCA's neighbours get read,
-and is the gate open? (docs/results.md §1e: on code, two seeds of three closed their gates to eta while CCA had
+and is the gate open? (docs/results/code.md#the-copy-prior: on code, two seeds of three closed their gates to eta while CCA had
 not yet learned to read, and never read their neighbours after.)
 
     python benchmarks/gate_trajectory.py runs/code-long/retro-seed0 runs/code-long/retro-seed2

@@ -1,4 +1,4 @@
-"""How much signal an exhaustive gold carries (docs/retrieval.md): the target scores s_t of every scored
+"""How much signal an exhaustive gold carries (docs/results/retrieval.md): the target scores s_t of every scored
 (query, retrievable chunk) pair of a label store made with `rpt label --candidates all`.
 
     python benchmarks/gold_signal.py runs/code-long/store/labels/test-sem-doc-all [--json out.json]

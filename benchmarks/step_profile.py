@@ -1,10 +1,11 @@
 """Where one training update's time goes, per variant, at a small preset: the phases of the training loop timed
 apart (data + label tensors, forward, losses, backward, optimiser), then torch.profiler's top operators of the
-forward + backward for each variant. Issue #14: "at the tiny preset retro/rpt take 2-3x xl's time per update and
-rpt-sem is ~30% slower than rpt-lex". Run it alone on the machine.
+forward + backward for each variant: where the retrieving variants' extra time per update goes. Run it alone on
+the machine.
 
     python benchmarks/step_profile.py                                   # runs/demo/store, tiny, 1,024 tokens x 2
-    python benchmarks/step_profile.py store=runs/demo/store steps=20 variants=xl,retro,rpt-lex,rpt-sem out=docs/data/step_profile.json
+    python benchmarks/step_profile.py store=runs/demo/store steps=20 variants=xl,retro,rpt-lex,rpt-sem \
+        out=docs/data/step_profile.json
 
 Every phase calls the training loop's own functions (rpt.train.loop.prepare, RPT.forward with the chunked LM loss,
 lambdarank_loss, clip_gradients, the optimiser), on the store's real tokens and labels, in one process, variants

@@ -1,4 +1,4 @@
-"""The retrievable rule (§3, DESIGN.md §2): which earlier chunks a query chunk may retrieve.
+"""The retrievable rule (§3, docs/design.md#the-retrievable-rule): which earlier chunks a query chunk may retrieve.
 
 One function serves the model's retriever mask, the BM25 candidate generator and the evaluation memory, so the
 three can never disagree.

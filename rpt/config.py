@@ -51,7 +51,7 @@ def check_neighbors(k: int | None, flag: str = "--neighbors") -> None:
 
 @dataclass
 class ModelConfig:
-    """The RPT architecture (§3.1, DESIGN.md §2). One config serves all four variants."""
+    """The RPT architecture (§3.1, docs/design.md#model). One config serves all four variants."""
 
     # xl (no retrieval) | retro (BM25 neighbours) | rpt-lex | rpt-sem | the baselines of Table 2: memorizing (Wu et al.
     # 2022), block-recurrent (Hutchins et al. 2022), griffin (De et al. 2024); rpt.model.registry maps each to its class
@@ -73,9 +73,9 @@ class ModelConfig:
     cca_context_norm: bool = True  # RMSNorm on neighbour states before CCA's key/value projection
     cca_rel_bias: bool = True  # a learned CCA logit bias per head and relative offset (neighbour index - query offset)
     cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
-    cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16 = one-hot in head 0 (docs/results.md)
+    cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16: head 0 one-hot (docs/results/copy-test.md)
     cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
-    # The copy prior (docs/results.md §1e; the default since it made every seed read its code neighbours):
+    # The copy prior (docs/results/code.md#the-copy-prior: with it every seed reads its code neighbours):
     # CCA's query and key projections: one shared draw of std qk_match_std, so that a query token starts out
     # attending to neighbour tokens whose (normalised) states resemble its own ("find my token") | independent draws
     cca_qk_init: Literal["random", "match"] = "match"
@@ -90,7 +90,7 @@ class ModelConfig:
     dropout: float = 0.05
     # dropout on the attention probabilities (-1: `dropout`, the paper's one rate). 0 keeps every attention call on a
     # fused kernel on a CPU, which has none with attention dropout: xl's step at the small preset ~2x faster there
-    # (docs/results.md §2c); GPUs' fused kernels take dropout
+    # (docs/results/speed.md#attention-kernels); GPUs' fused kernels take dropout
     attn_dropout: float = -1.0
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
@@ -489,21 +489,10 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Presets. `250m` is the paper's model (12 layers, D=1024, 8 heads of 128, GPT-NeoX vocabulary, CCA in 5 of the
-# 6 upper layers). Smaller presets keep the same shape rules so every code path is exercised on CPU.
-
-
-def _tiny() -> dict:
-    return {
-        "model": {"vocab_size": 512, "d_model": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden": 172, "segment_len": 128,
-                  "cca_layers": [2, 3], "dropout": 0.0, "recurrent_state": 128},
-        "data": {"tokenizer": "bpe:2048", "seq_len": 1024},
-        # loss_chunk 0: the full-logit loss. Its logits are small (2 x 1,024 x 2,048 fp32 = 16 MB), and the figures in
-        # docs/results.md were measured with it: the chunked loss changes float rounding, which alone moved the copy
-        # test's near control off its plateau at update ~375 instead of ~150 (docs/results.md 1e).
-        "train": {"steps": 200, "batch_size": 2, "lr": 3e-3, "warmup_steps": 20, "optimizer": "adamw",
-                  "alpha_ramp_steps": 50, "checkpoint_every": 50, "log_every": 5, "loss_chunk": 0},
-    }
+# Presets and shipped configs: YAML files in rpt/configs. A preset file (tiny ... 1b) lists the fields that differ from
+# the defaults above; `250m` is the paper's model (12 layers, D=1024, 8 heads of 128, GPT-NeoX vocabulary, CCA in 5 of
+# the 6 upper layers), and smaller presets keep the same shape rules so every code path is exercised on CPU. The other
+# files are configs (a `preset:` and overrides): the paper's settings per domain, and the CPU settings behind docs/.
 
 
 def _small() -> dict:
@@ -536,7 +525,7 @@ SIZES: dict[str, typing.Callable[[], dict]] = {"tiny": _tiny, "small": _small, "
 # The paper's model (§3.1) as printed: CCA with independent random projections, no learned relative-offset bias, keys
 # reading their own values, neighbour states fed to CCA without a norm, and the gate scaling the neighbour states
 # (C^g = g * C). The default ModelConfig adds each of these; `<size>-paper` turns them all off, and `--set` turns one
-# back on (docs/results.md measures what each buys).
+# back on (docs/design.md#chunked-cross-attention says what each buys).
 PAPER_MODEL: dict[str, Any] = {"cca_qk_init": "random", "cca_ov_init": "random", "cca_rel_bias": False,
                                "cca_shift_values": False, "cca_context_norm": False, "gate_on": "states"}
 

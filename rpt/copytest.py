@@ -27,7 +27,7 @@ source chunk first for most repeat-tail chunks (hit@1 > 50%).
 The far corpus repeats every passage from the first far-enough one on by default (`far_p` = 1; the corpus default is
 0.5): at 0.5 only 15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau
 for 200 updates even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90
-updates (docs/results.md §0).
+updates (docs/results/copy-test.md).
 """
 
 from __future__ import annotations

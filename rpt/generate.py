@@ -1,4 +1,4 @@
-"""Generation with retrieval at every chunk boundary (§3.4 "Retrieval at inference time", DESIGN.md §4).
+"""Generation with retrieval at every chunk boundary (§3.4 "Retrieval at inference time", docs/design.md#inference).
 
 Decoding lives here, outside the model: the model only computes. One loop serves every variant:
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The paper's comparison on one corpus, from nothing to the table (docs/results.md §1j):
+# The paper's comparison on one corpus, from nothing to the table (docs/results/domains.md):
 #   prepare the corpus, BM25 (lex) labels, a scorer (by default the seed-0 xl run of the sweep itself), sem labels of
 #   train and test from it, then `rpt sweep` over the variants and paired seeds; its table, with the paper's figures
 #   for the domain, is $OUT/sweep/compare.md (.json).
 # Usage: bash scripts/domain_sweep.sh CORPUS [PAPER]     e.g.  bash scripts/domain_sweep.sh kjv pg19
 #   CORPUS: a `rpt prepare --corpus` name (stdlib, kjv, austen, pari, coq, metamath, ...)
 #   PAPER:  the paper's dataset whose figures go beside the rows: code | pg19 | books3 | arxiv (default: none)
-# Settings by environment (defaults: the CPU setting of docs/results.md §1j):
+# Settings by environment (defaults: the CPU setting of docs/results/domains.md):
 #   STEPS=400 SEEDS=0,1,2 VARIANTS=xl,retro,rpt-sem OUT=runs/<corpus> RPT=rpt (default: on PATH, else .venv/bin/rpt)
 #   PRESET=tiny LR=0.01 BATCH=2 SEQ_LEN=2048 (training span = the train labels' span) SEGMENT=128 (the tiny preset's)
 #   TOKENIZER=bpe:2048 MAX_DOCUMENTS= (prepare only the first N documents of each split; default all)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue #14, stage by stage, each writing its results into one folder:
+# The GPU checks, stage by stage, each writing its results into one folder:
 #
 #   bash scripts/gpu_check.sh runs/gpu-check                 # every stage (about 30-40 min on one H100)
 #   bash scripts/gpu_check.sh runs/gpu-check kernels scale   # some stages

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the self-retriever find more useful chunks than BM25? The paper's retrieval comparison on code on one lent GPU
-# (an H100 or H200), in about 20 minutes, with the metrics of docs/results.md: exhaustive gold (every retrievable
+# (an H100 or H200), in about 20 minutes, with the metrics of docs/results/retrieval.md: exhaustive gold (every retrievable
 # chunk scored), chance levels, pool-size buckets and the random-neighbour control.
 #
 #   bash scripts/gpu_retrieval.sh runs/gpu-retrieval

@@ -58,7 +58,7 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_copy_test_passes(tmp_path):
-    """The documented CPU setting at the demo's size (README, docs/results.md §0, measured passing in 493 s on 2 cores):
+    """The documented CPU setting at the demo's size (README, docs/results/copy-test.md, measured passing in 493 s on 2 cores):
     xl copies near repeats; retro and rpt-sem copy far ones through their neighbours on each of three paired seeds,
     rpt-sem's own retriever finding the source; xl cannot."""
     s = CopyTestSettings(out=tmp_path / "ct", seq_len=1024, segment_len=64, batch_size=2, eval_docs=6, min_lr_ratio=1.0,

@@ -1,4 +1,4 @@
-"""scripts/domain_sweep.sh, the per-domain comparison of docs/results.md §1j, runs as written: lex labels, the
+"""scripts/domain_sweep.sh, the per-domain comparison of docs/results/domains.md, runs as written: lex labels, the
 seed-0 xl as the sem scorer, sem labels, the sweep and the table; run again, it redoes nothing."""
 
 import json

@@ -1,5 +1,6 @@
-"""Generation (rpt/generate.py, DESIGN.md §4, §6): cached decoding == recomputing the full forward, generated chunks
-enter the memory and are retrieved later, batches == single prompts, sampling filters, streaming, EOS, the CLI."""
+"""Generation (rpt/generate.py, docs/design.md#generation, docs/design.md#what-the-tests-prove): cached decoding ==
+recomputing the full forward, generated chunks enter the memory and are retrieved later, batches == single prompts,
+sampling filters, streaming, EOS, the CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh (the GPU checks of issue #14): its stages run, dry, on a CPU at a tiny size, so the commands it
+"""scripts/gpu_check.sh (the GPU checks): its stages run, dry, on a CPU at a tiny size, so the commands it
 holds are real; without a GPU it refuses in one line."""
 
 import json

@@ -5,9 +5,10 @@ representations in a Faiss index on the CPU").
 row holds the retrieval keys that have become retrievable; the chunk token states stay in the base class. It returns
 the same neighbours as `TorchMemory` (tested); scores agree up to float rounding of the dot products.
 
-Which to use (DESIGN.md §7): a batched matmul (`TorchMemory`) is the fast choice on GPU and for moderate documents on
-CPU; Faiss keeps the keys in its own CPU index and is what the paper used. `make_memory("auto", device)` picks torch on
-GPU and Faiss on CPU (falling back to torch when faiss is not installed; asking for "faiss" explicitly fails loudly).
+Which to use (docs/design.md#document-memory): a batched matmul (`TorchMemory`) is the fast choice on GPU and for
+moderate documents on CPU; Faiss keeps the keys in its own CPU index and is what the paper used. `make_memory("auto",
+device)` picks torch on GPU and Faiss on CPU (falling back to torch when faiss is not installed; asking for "faiss"
+explicitly fails loudly).
 
 Dimension letters: B batch, n new chunks, Q query chunks, D width, k results.
 """

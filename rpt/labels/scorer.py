@@ -106,7 +106,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    # bf16 matmuls are ~600x slower than fp32 on these CPUs (DESIGN.md §7): bf16 only on accelerators.
+    # bf16 matmuls are ~600x slower than fp32 on these CPUs (docs/design.md#hardware-notes): bf16 only on accelerators.
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 

@@ -1,4 +1,5 @@
-"""The label store: BM25 candidates and target scores of every chunk, beside the token store (DESIGN.md §3).
+"""The label store: BM25 candidates and target scores of every chunk, beside the token store
+(docs/design.md#label-store).
 
 Layout of a label folder (default ``<root>/labels/<split>-<kind>-<span>/``, e.g. ``train-sem-16384``)::
 

@@ -276,7 +276,7 @@ class BlockRecurrentTransformer(SegmentDecoder):
         """xl's layers plus the recurrent layer's: per token, its queries to the state, their output and projection,
         the block keys/values it hands the cell (5 D); per state vector and block, the cell's norms, projections,
         attention outputs, gates and MLP (about 12 D + 4 F). The state's attentions have no mask, so even the CPU
-        takes a fused kernel for them and keeps no score matrix (measured: docs/results.md §6)."""
+        takes a fused kernel for them and keeps no score matrix (measured: docs/results/speed.md#step-memory)."""
         D, F, S, N = cfg.d_model, cfg.mlp_hidden, cfg.segment_len, cfg.recurrent_state
         per_token = 5 * D
         per_state = 12 * D + 4 * F

@@ -72,9 +72,9 @@ class NeighborGate(nn.Module):
            "official": g = 0.1 + 0.9 sigmoid(w . c / D)       (the authors' code)
            "bias":     no scaling; w . c / D is added to the CCA attention logits of that neighbour's keys
            "none":     no gating (ablation)
-    Our decision (DESIGN.md leaves it open): the causal attention is windowed like the trunk — neighbours of a chunk
-    in segment s see neighbours of chunks in segments s-1 and s — so that segment-by-segment inference needs only a
-    bounded cache and computes the same function as training.
+    Our decision (the paper leaves it open; docs/design.md#neighbour-gating): the causal attention is windowed like
+    the trunk — neighbours of a chunk in segment s see neighbours of chunks in segments s-1 and s — so that
+    segment-by-segment inference needs only a bounded cache and computes the same function as training.
     """
 
     def __init__(self, dim: int, n_heads: int, kind: str, eta: float, chunks_per_segment: int, eps: float,

@@ -134,7 +134,7 @@ class RPT(TiedLM, nn.Module):
             self._cca_copy_prior(seed)
 
     def _cca_copy_prior(self, seed: int) -> None:
-        """The copy prior on CCA's projections (docs/results.md §1e), each half an option:
+        """The copy prior on CCA's projections (docs/results/code.md#the-copy-prior), each half an option:
 
         cca_qk_init="match": the query and key projections start as one draw W of std cfg.qk_match_std, so a logit
         is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the neighbour tokens whose

@@ -1,4 +1,4 @@
-"""Training sequences and their retrieval labels (§3.3-3.4, DESIGN.md §3 "Batches").
+"""Training sequences and their retrieval labels (§3.3-3.4, docs/design.md#batches).
 
 Each document is cut into consecutive spans of seq_len tokens from its start (the same spans the label pipeline
 used, span = seq_len). The last, shorter span is kept when it holds at least two segments (before that nothing is

@@ -215,7 +215,7 @@ def hold_gate(model: nn.Module) -> None:
     """Drop the neighbour gate's gradients, so the optimiser leaves its parameters (and their moments) as they are
     (train.gate_hold_steps). Why: early in training CCA cannot yet read its neighbours, so closing every gate lowers
     the loss; a closed gate then scales CCA's values, and with them the signal CCA learns from, by eta
-    (docs/results.md §1e: on code two of three seeds closed their gates to eta in 200-400 updates and never read
+    (docs/results/code.md#the-copy-prior: on code two of three seeds closed their gates to eta in 200-400 updates and never read
     their neighbours)."""
     for name, p in model.named_parameters():
         if bare_name(name)[:1] == ["gate"]:

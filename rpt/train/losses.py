@@ -144,7 +144,7 @@ def lm_token_count(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# LambdaRank (§3.3, DESIGN.md §3)
+# LambdaRank (§3.3, docs/design.md#supervision-and-training)
 #
 # For one query chunk, over its retrievable chunks: pairs (l, j) with l a positive and j any retrievable chunk of
 # strictly lower target relevance (non-candidates have relevance -inf, i.e. lower than every positive). Each pair

@@ -1,6 +1,6 @@
 """How much memory one training step needs, estimated before the first step, and a refusal when it cannot fit.
 
-A config such as ``data.seq_len=100000000`` used to grow until the OOM killer ended it (22 GB here); training now
+A config such as ``data.seq_len=100000000`` would grow until the OOM killer ended it (22 GB on a 24 GB machine); training
 refuses it at once with the estimate and its parts. The estimate counts what one micro-batch keeps alive at the peak of
 its backward pass, in bytes:
 
@@ -27,7 +27,7 @@ its backward pass, in bytes:
 
 The layer and retrieval terms are checked against what autograd really saves (`saved_tensor_bytes`, saved-tensor
 hooks) for every variant, on the fused and the math path (tests/train/test_memory_estimate.py: within 15%);
-`benchmarks/memory_estimate.py` sets the whole estimate against the measured peak RSS (docs/results.md §6). The
+`benchmarks/memory_estimate.py` sets the whole estimate against the measured peak RSS (docs/results/speed.md#step-memory). The
 refusal allows a 10% margin on top: a config whose estimate exceeds the memory available by more than that would not
 have fitted either. The GPU branch (bf16 activations, fused kernels keeping no score rows) is not yet measured.
 """
@@ -48,7 +48,7 @@ from rpt.utils import UserError
 RUNTIME_BYTES = 350 * 2**20  # the torch runtime, the Python process and allocator slack (benchmarks/memory_estimate.py)
 # glibc's default malloc on a CPU: a training step's peak resident set exceeded what the estimate counts by 1.17-1.42x
 # (heap fragmentation under its dynamic mmap threshold); with MALLOC_MMAP_THRESHOLD_ set it matched within 3%, at a
-# 9-17% slower step (docs/results.md §6, benchmarks/malloc_threshold.py)
+# 9-17% slower step (docs/results/speed.md#step-memory, benchmarks/malloc_threshold.py)
 CPU_HEAP_FRAGMENTATION = 1.3
 MARGIN = 1.1  # refuse only when the estimate exceeds what is available by more than the estimate's measured error
 

@@ -1,4 +1,4 @@
-"""Bad command lines and input files of eval, generate, explore, train, demo and copytest (issue #13): each is refused
+"""Bad command lines and input files of eval, generate, explore, train, demo and copytest: each is refused
 before any work, in one line `rpt <verb>: error: ...` naming the flag or file, with exit code 2 and no file written;
 numbers in config files and --set are read in any common notation; every option has help text."""
 

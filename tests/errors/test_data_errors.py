@@ -1,4 +1,4 @@
-"""Issue #13 for `rpt prepare` and `rpt label`: every failure is one clear line, nothing is silently wrong.
+"""Errors of `rpt prepare` and `rpt label`: every failure is one clear line, nothing is silently wrong.
 
 A forced rebuild changes a store as a whole or not at all; a corpus without a usable document is an error saying
 why; a tokenizer or scorer name that cannot be loaded offline fails at once; a label folder of other settings is
@@ -156,7 +156,7 @@ def test_label_refuses_a_tokenizer_json_from_another_prepare_run(books, toks, tm
     (path_a, _), (_, tok_b) = toks["a"], toks["b"]
     out = tmp_path / "store"
     prepare(str(books), str(path_a), out, chunk_size=M, progress=False)
-    tok_b.save(out / "tokenizer.json")  # what a killed `prepare --force` used to leave
+    tok_b.save(out / "tokenizer.json")  # a store whose tokenizer.json does not match its tokens
     assert main(["label", "--store", str(out), *LABEL_LEX]) == 2
     err = one_line_error(capsys, "label")
     assert str(out / "tokenizer.json") in err and "--force" in err

@@ -1,4 +1,4 @@
-"""Damaged checkpoints and logs (issue #13): a truncated, emptied or altered file in the newest checkpoint is reported
+"""Damaged checkpoints and logs: a truncated, emptied or altered file in the newest checkpoint is reported
 and skipped, never loaded; one named explicitly is refused in one line; a torn last line of log.jsonl does not block
 resume. Every case goes through the CLI, as a user meets it."""
 

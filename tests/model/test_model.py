@@ -1,5 +1,5 @@
-"""Correctness of the RPT model (DESIGN.md §6): no leakage through any path, CCA alignment, the retrievable rule,
-cached == full forward, gating, gradients, learning, presets."""
+"""Correctness of the RPT model (docs/design.md#what-the-tests-prove): no leakage through any path, CCA alignment, the retrievable
+rule, cached == full forward, gating, gradients, learning, presets."""
 
 import pytest
 import torch

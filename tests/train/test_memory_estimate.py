@@ -1,5 +1,5 @@
 """The pre-flight memory estimate against what autograd really keeps (saved-tensor hooks), for every variant, on the
-fused attention path and on the math path that attention dropout takes on a CPU (docs/results.md §6)."""
+fused attention path and on the math path that attention dropout takes on a CPU (docs/results/speed.md#step-memory)."""
 
 from __future__ import annotations
 
