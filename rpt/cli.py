@@ -13,7 +13,7 @@ from rpt.utils import UserError  # noqa: F401  (re-exported: verbs raise rpt.cli
 
 def _verbs() -> list:
     mods = [importlib.import_module(f"rpt.commands.{m.name}") for m in pkgutil.iter_modules(rpt.commands.__path__)]
-    return sorted(mods, key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
+    return sorted((m for m in mods if hasattr(m, "run")), key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--threads must be a number of CPU threads (0: torch's choice), not {args.threads}")
         return int(args._run(args) or 0)
     except (UserError, ConfigError, rpt.utils.MissingDependency, FileNotFoundError, ValueError) as e:
-        # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument.
-        print(f"rpt {args.verb}: error: {e}", file=sys.stderr)
+        # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument; an
+        # ArgumentError names the verb's flag (its module's FLAGS: argument -> flag where they differ)
+        flags = getattr(sys.modules.get(args._run.__module__), "FLAGS", None)
+        print(f"rpt {args.verb}: error: {rpt.utils.cli_message(e, flags)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rpt {args.verb}: interrupted", file=sys.stderr)

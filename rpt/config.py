@@ -235,11 +235,12 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Long-document evaluation (§3.4 'Retrieval at inference time')."""
+    """Long-document evaluation (§3.4 'Retrieval at inference time'): the defaults of `rpt eval --config`."""
 
     split: str = "test"
     n_neighbors: int = 2  # K at inference: 1 .. MAX_NEIGHBORS (the paper: 2, 3 or 4)
-    source: Literal["model", "bm25", "oracle", "random", "none"] = "model"
+    # neighbours fed to CCA; auto: the variant's own (model for rpt-*, bm25 for retro, none for the rest)
+    source: Literal["auto", "model", "bm25", "oracle", "dpr", "random", "none"] = "auto"
     memory: Literal["auto", "faiss", "torch"] = "auto"  # faiss on CPU, torch matmul on GPU
     max_documents: int = 0  # 0 = all
 
@@ -301,6 +302,36 @@ class RPTConfig:
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped in rpt/configs (not the presets): `--config NAME` loads one."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in SIZE_NAMES)
+
+
+def config_file(ref: str | Path, name: str = "config") -> tuple[Path, bool]:
+    """The YAML file a config reference names, and whether rpt recorded it for a run: a YAML file, a run folder or a
+    checkpoint folder (its config.yaml, recorded), or the name of a shipped config (`shipped_configs()`). `name` is
+    how the caller's argument is called in the error."""
+    path = Path(ref)
+    if path.is_file():
+        return path, False
+    if path.is_dir():
+        for cand in (path / "config.yaml", path.parent.parent / "config.yaml"):  # a run, or one of its checkpoints
+            if cand.is_file():
+                return cand, True
+        raise ConfigError(f"{name} {ref}: a folder without config.yaml (expected a run or checkpoint folder)")
+    shipped = CONFIG_DIR / f"{ref}.yaml"
+    if "/" not in str(ref) and shipped.is_file() and str(ref) not in SIZE_NAMES:
+        return shipped, False
+    raise ConfigError(f"{name} {ref}: no such file or folder, nor a shipped config (shipped: "
+                      f"{', '.join(shipped_configs())}; presets are named with --preset)")
+
+
+def load_config(ref: str | Path, name: str = "config") -> RPTConfig:
+    """The validated RPTConfig of a config reference (see `config_file`)."""
+    path, recorded = config_file(ref, name)
+    return RPTConfig.from_yaml(path, recorded=recorded)
 
 
 def check_ranges(cfg: RPTConfig) -> None:
@@ -494,33 +525,22 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 # the 6 upper layers), and smaller presets keep the same shape rules so every code path is exercised on CPU. The other
 # files are configs (a `preset:` and overrides): the paper's settings per domain, and the CPU settings behind docs/.
 
-
-def _small() -> dict:
-    return {
-        "model": {"vocab_size": 16384, "d_model": 512, "n_layers": 8, "n_heads": 8, "mlp_hidden": 1368,
-                  "segment_len": 512, "cca_layers": [5, 6, 7]},
-        "data": {"tokenizer": "bpe:16384", "seq_len": 4096},
-        "train": {"steps": 3000, "batch_size": 8, "lr": 1e-3, "warmup_steps": 200, "precision": "bf16",
-                  "alpha_ramp_steps": 600},
-    }
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+SIZE_NAMES = ("tiny", "small", "70m", "250m", "1b")
 
 
-def _70m() -> dict:
-    return {"model": {"d_model": 512, "n_layers": 6, "n_heads": 8, "mlp_hidden": 1368, "cca_layers": [4, 5]},
-            "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}}
+def _preset_file(name: str) -> typing.Callable[[], dict]:
+    def preset() -> dict:
+        path = CONFIG_DIR / f"{name}.yaml"
+        data = load_yaml(path.read_text(), f"preset {path}", ConfigError) or {}
+        if not isinstance(data, dict) or "preset" in data:
+            raise ConfigError(f"preset {path} must be a mapping of sections without a `preset:` key")
+        return data
+
+    return preset
 
 
-def _250m() -> dict:
-    return {"model": {}, "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}, "train": {"precision": "bf16"}}
-
-
-def _1b() -> dict:
-    return {"model": {"d_model": 2048, "n_layers": 16, "n_heads": 16, "mlp_hidden": 5464,
-                      "cca_layers": [8, 9, 10, 11, 12, 13, 14, 15]},
-            "data": {"tokenizer": "EleutherAI/gpt-neox-20b"}, "train": {"precision": "bf16", "lr": 1e-3}}
-
-
-SIZES: dict[str, typing.Callable[[], dict]] = {"tiny": _tiny, "small": _small, "70m": _70m, "250m": _250m, "1b": _1b}
+SIZES: dict[str, typing.Callable[[], dict]] = {name: _preset_file(name) for name in SIZE_NAMES}
 
 # The paper's model (§3.1) as printed: CCA with independent random projections, no learned relative-offset bias, keys
 # reading their own values, neighbour states fed to CCA without a norm, and the gate scaling the neighbour states

@@ -11,6 +11,8 @@ ORDER = 90
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_device, add_set
+
     p.add_argument("--store", type=Path, default=Path("runs/demo/store"),
                    help="a `rpt prepare` root with train labels (default: the demo's, runs/demo/store)")
     p.add_argument("--labels-root", type=Path,
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-lengths", help="comma-separated document lengths in tokens (default 2048..32768)")
     p.add_argument("--label-sizes", default="100000,1000000", help="token counts for the BM25 comparison")
     p.add_argument("--skip-labels", action="store_true", help="skip the labelling benchmark")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device(p, "benchmark")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=Path("runs/bench.json"), help="results JSON")
     s = p.add_argument_group("at scale (--scale: synthetic tokens and labels, no store needed)")
@@ -48,9 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--compile", choices=["off", "on", "both"], default="off",
                    help="torch.compile the model (as train.compile does): off, on, or both (every variant eager and "
                         "compiled, side by side; default off)")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config field for every measured model, with --scale or --kernels, value in YAML, e.g. "
-                        "--set model.attn_dropout=0 (the CPU's fused attention)")
+    add_set(s, example="model.attn_dropout=0")
     s.add_argument("--estimate-only", action="store_true",
                    help="estimates and largest batch only, nothing run (a config too big for this machine)")
     k = p.add_argument_group("attention kernels (--kernels: no store needed)")
@@ -75,17 +75,10 @@ def _sizes(text: str, flag: str) -> list[int]:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    """--set KEY=VALUE pairs (values in YAML) -> {dotted key: value}; checked when the configs are built."""
+    """--set SECTION.KEY=VALUE pairs -> {dotted key: value}; checked when the configs are built."""
+    from rpt.commands.options import parse_sets
 
-    from rpt.utils import UserError, load_yaml
-
-    out = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"--set {item}: expected KEY=VALUE, e.g. model.attn_dropout=0")
-        out[key.strip()] = load_yaml(value, f"--set {item}")
-    return out
+    return parse_sets(args.set)
 
 
 def _scale(args: argparse.Namespace) -> int:
@@ -128,26 +121,21 @@ def _variants(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
-    """--device (default cuda when available) and the machine's description, printed."""
-    import torch
-
+    """--device (resolved) and the machine's description, printed."""
     from rpt.bench import machine
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device
     info = machine()
     print(f"machine: {info}", flush=True)
     return device, info
 
 
 def _kernels(args: argparse.Namespace) -> int:
-    import torch
 
     from rpt.kernels import format_kernels, probe_kernels
-    from rpt.utils import UserError, write_json_atomic
+    from rpt.utils import write_json_atomic
 
     variants = _variants(args)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no GPU here")
     device, info = _device_and_machine(args)
     rows = []
     for v in variants:
@@ -166,8 +154,11 @@ def _kernels(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from rpt.commands.options import resolve_device
+
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.device = resolve_device(args.device)
     if args.kernels:
         return _kernels(args)
     if args.scale:

@@ -11,6 +11,7 @@ ORDER = 75
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_set
     from rpt.copytest import CopyTestSettings
 
     d = CopyTestSettings()
@@ -39,8 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--near-first-seed-only", action="store_true",
                    help="run the near control (and rpt-sem's scorer) for the first seed only")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a model config field for every run (ablations), e.g. --set cca_positions=false")
+    add_set(p, ("model",), "model.cca_positions=false")
     p.add_argument("--label-query", choices=("pair", "chunk"), default=d.label_query,
                    help="BM25 query of the training labels of retro / rpt-lex: pair (c_q, c_t), the paper's (default) | "
                    "chunk (c_q alone, as at inference)")
@@ -51,9 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     from rpt.cli import UserError
+    from rpt.commands.options import parse_sets
     from rpt.config import RETRIEVING, RPTConfig
     from rpt.copytest import CopyTestSettings, far_distance, run_copytest
-    from rpt.utils import load_yaml, parse_seeds
+    from rpt.utils import parse_seeds
 
     seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
@@ -73,12 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--near-steps {args.near_steps}: 0 (same as --steps) or more")
     if args.scorer_k < 1:
         raise UserError(f"--scorer-k {args.scorer_k}: at least 1")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"--set {item}: expected KEY=VALUE (a model field, e.g. cca_positions=false)")
-        overrides[key.strip().removeprefix("model.")] = load_yaml(value, f"--set {item}")
+    overrides = {key.removeprefix("model."): value for key, value in parse_sets(args.set, ("model",)).items()}
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
                          min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps,

