@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, stage by stage, each writing its results into one folder:
 #
-#   bash scripts/gpu_check.sh runs/gpu-check                 # every stage (about 30-40 min on one H100)
+#   bash scripts/gpu_check.sh runs/gpu-check                 # every stage (about 8 min on one H200: docs/results/gpu.md)
 #   bash scripts/gpu_check.sh runs/gpu-check kernels scale   # some stages
 #
 # stages (in this order when none is named):
