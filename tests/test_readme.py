@@ -1,7 +1,8 @@
-"""README's pipeline commands run as written, in order, from a fresh folder.
+"""The documented commands run as written, in order, from a fresh folder: README.md's quickstart on a JSONL corpus,
+and docs/cli.md's worked example of every verb.
 
-The commands are read from README.md itself (the fenced blocks of "The pipeline, verb by verb"), so an example that
-stops fitting the next one (labels of another span or segment, a prompt file that does not exist) fails here. Each runs
+The commands are read from the files themselves (their bare fenced blocks), so an example that stops fitting the next
+one (labels of another span or segment, a prompt file that does not exist) fails here. Each runs
 through `rpt.cli.main` with flags appended that only make it small (fewer documents, updates, tokens): appended flags
 win in argparse, and none of them changes what the command means. Not run here, each covered elsewhere: `torchrun`
 (8 GPUs), `rpt demo` (tests/test_demo.py), `rpt copytest` (tests/test_copytest.py), `rpt bench` (minutes of timing).
@@ -15,7 +16,9 @@ import pytest
 
 from rpt.cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+CLI = ROOT / "docs" / "cli.md"
 SMALL = {  # verb -> flags appended to make it quick
     "prepare": ["--max-documents", "3"],
     "label": ["--k", "4", "--no-progress"],
@@ -31,9 +34,7 @@ SMALL = {  # verb -> flags appended to make it quick
 ELSEWHERE = {"demo", "copytest", "bench"}
 
 
-def pipeline_commands() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## The pipeline, verb by verb"):text.index("## Using the model from Python")]
+def commands_in(section: str) -> list[str]:
     commands = []
     for block in re.findall(r"```\n(.*?)```", section, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -41,6 +42,52 @@ def pipeline_commands() -> list[str]:
             if line.startswith(("rpt ", "torchrun ")) and not re.match(r"rpt \w+ {2,}", line):  # not the verb list
                 commands.append(line)
     return commands
+
+
+def pipeline_commands() -> list[str]:
+    """docs/cli.md's commands, every verb."""
+    return commands_in(CLI.read_text())
+
+
+def quickstart_commands() -> list[str]:
+    text = README.read_text()
+    return commands_in(text[text.index("## Quickstart"):text.index("## Python API")])
+
+
+def write_corpus(path: Path) -> None:
+    """A corpus.jsonl of long documents (the standard library's own source), with every split the quickstart reads."""
+    import json
+    import os
+
+    names = ["decoder.py", "encoder.py", "scanner.py", "__init__.py", "tool.py"]
+    folder = Path(json.__file__).parent
+    splits = ["train", "train", "train", "validation", "test"]
+    with open(path, "w") as f:
+        for name, split in zip(names, splits):
+            text = (folder / name).read_text() + "\n" + (Path(os.__file__)).read_text()[:20000]
+            f.write(json.dumps({"id": name, "split": split, "text": text}) + "\n")
+
+
+def test_readme_quickstart_runs_in_order(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_corpus(tmp_path / "corpus.jsonl")
+    lines = quickstart_commands()
+    verbs = [shlex.split(c)[1] for c in lines]
+    assert verbs == ["prepare", "label", "train", "eval", "generate"], verbs
+    for line in lines:
+        argv = shlex.split(line)
+        code = main([*argv[1:], *SMALL[argv[1]]])
+        out = capsys.readouterr()
+        assert code == 0, f"README command failed (exit {code}): {line}\n{out.err[-2000:]}"
+    assert (tmp_path / "mine.json").is_file()
+
+
+def test_every_readme_command_is_tested():
+    """Every `rpt` command in README.md is the quickstart's (run above) or the demo (tests/test_demo.py)."""
+    text = README.read_text()
+    allowed = set(quickstart_commands()) | {"rpt demo"}
+    found = {c for c in commands_in(text)}
+    assert found <= allowed, found - allowed
 
 
 def test_the_pipeline_section_has_every_verb():
@@ -66,13 +113,13 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
             extra = []
         code = main([*argv[1:], *SMALL[verb], *extra])
         out = capsys.readouterr()
-        assert code == 0, f"README command failed (exit {code}): {line}\n{out.err[-2000:]}"
+        assert code == 0, f"docs/cli.md command failed (exit {code}): {line}\n{out.err[-2000:]}"
         ran.append(verb)
     assert ran.count("label") == 4 and ran.count("train") == 3 and {"prepare", "eval", "generate", "explore"} <= set(ran)
     assert (tmp_path / "explore.html").is_file() and (tmp_path / "sem.json").is_file()
 
 
-@pytest.mark.parametrize("line", [c for c in pipeline_commands() if c.startswith("rpt ")])
+@pytest.mark.parametrize("line", [c for c in pipeline_commands() + quickstart_commands() if c.startswith("rpt ")])
 def test_every_readme_command_parses(line):
     """Even the commands not run above name only flags their verb has."""
     from rpt.cli import build_parser
