@@ -22,9 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rpt.utils import RPTWarning, UserError
+from rpt.utils import RPTWarning, UserError, argument_error
 
-ARG = "RUN_OR_CHECKPOINT"
+ARG = "RUN_OR_CHECKPOINT"  # the CLI's name for argument `path`
 
 
 def preset_name(mcfg: Any) -> str:
@@ -148,15 +148,15 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
 
     path, out = Path(path), Path(out)
     if not path.exists():
-        raise UserError(f"{ARG} {path}: no such file or folder")
+        raise argument_error("path", path, "no such file or folder")
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file, not a folder")
+        raise argument_error("out", out, "is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"--out {out}: exists and is not empty (pass --force to replace it)")
+        raise argument_error("out", out, "exists and is not empty (pass {force=True} to replace it)")
     try:
         loaded = load_model(path)
     except UserError as e:
-        raise UserError(f"{ARG} {path}: {e}") from None
+        raise argument_error("path", path, str(e)) from None
     model, cfg, tok, folder = loaded.model, loaded.config, loaded.tokenizer, loaded.path
     mcfg = model.cfg
     state = read_state(folder)
@@ -194,7 +194,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
         (tmp / "README.md").write_text(model_card(info, find_eval_results(folder), str(out)))
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+        raise argument_error("out", out, f"cannot write it ({e.strerror or e})") from None
     if out.exists():
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -28,6 +28,61 @@ class UserError(Exception):
     """Bad input from the user: the CLI prints it as one clear line, no traceback."""
 
 
+class ArgumentError(UserError):
+    """A bad argument of a library function. Its message names the Python argument, ``checkpoint='runs/x': no such
+    file or folder``; the CLI prints the same error with its flag instead, ``--checkpoint runs/x: no such file or
+    folder`` (`for_cli`). ``{name}`` in `problem` names another argument the same way (``labels=...`` / ``--labels``),
+    ``{name=True}`` a switch (``force=True`` / ``--force``). Create one with `argument_error`, which can also make it
+    an instance of a built-in type callers catch (ValueError, FileNotFoundError)."""
+
+    def __init__(self, arg: str, value: Any, problem: str) -> None:
+        self.arg, self.value, self.problem = arg, value, problem
+        super().__init__(self.render(_python_name, True))
+
+    def render(self, name: Any, python: bool) -> str:
+        """The message with each argument named by `name(arg)`: `python` shows values as Python literals."""
+        def ref(m: re.Match) -> str:
+            return f"{m.group(1)}=True" if python and m.group(2) else name(m.group(1))
+
+        problem = re.sub(r"\{(\w+)(=True)?\}", ref, self.problem)
+        if self.value is _NO_VALUE:
+            head = self.arg if python else name(self.arg)
+            return f"{head}: {problem}" if problem else head
+        value = str(self.value) if isinstance(self.value, Path) else self.value
+        head = f"{self.arg}={value!r}" if python else f"{name(self.arg)} {value}"
+        return f"{head}: {problem}"
+
+    def for_cli(self, flags: dict[str, str] | None = None) -> str:
+        """The message naming command-line flags: `flags` maps an argument to its flag where that is not
+        ``--<argument with dashes>`` (e.g. n_neighbors -> --neighbors, or a positional's metavar)."""
+        flags = flags or {}
+        return self.render(lambda a: flags.get(a, "--" + a.replace("_", "-")), False)
+
+
+_NO_VALUE = object()
+_KINDS: dict[type, type] = {}
+
+
+def _python_name(arg: str) -> str:
+    return f"{arg}=..."
+
+
+def argument_error(arg: str, value: Any = _NO_VALUE, problem: str = "", kind: type[Exception] | None = None) -> ArgumentError:
+    """An ArgumentError about argument `arg` (given `value`; leave it out for a message about the argument alone), also
+    an instance of `kind` when given (e.g. ValueError, so callers catching that type still do)."""
+    if kind is None or issubclass(ArgumentError, kind):
+        return ArgumentError(arg, value, problem)
+    cls = _KINDS.get(kind)
+    if cls is None:
+        cls = _KINDS[kind] = type(f"ArgumentError{kind.__name__}", (ArgumentError, kind), {})
+    return cls(arg, value, problem)
+
+
+def cli_message(e: BaseException, flags: dict[str, str] | None = None) -> str:
+    """An error as the CLI prints it: an ArgumentError names the verb's flags (`flags`: see `ArgumentError.for_cli`)."""
+    return e.for_cli(flags) if isinstance(e, ArgumentError) else str(e)
+
+
 class WriteFailed(UserError):
     """A file could not be written (a full disk, a lost mount): the message names it and says what is intact."""
 
@@ -121,3 +176,23 @@ def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"{flag} {text!r}: give one or more distinct seeds, e.g. 0,1,2")
     return seeds
+
+
+class _CallableModule(ModuleType):
+    """A module that can be called: `rpt.generate` and `rpt.train` are both a module of the library and a function of
+    the Python API (`rpt.api`), so that ``import rpt.train.loop`` and ``rpt.train(...)`` both work."""
+
+    __api__: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module, _, name = self.__api__.rpartition(".")
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+def callable_module(name: str, api: str) -> None:
+    """Make module `name` callable as the function `api` ("rpt.api.train")."""
+    import sys
+
+    module = sys.modules[name]
+    module.__class__ = _CallableModule
+    module.__api__ = api  # type: ignore[attr-defined]

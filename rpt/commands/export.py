@@ -7,6 +7,7 @@ import argparse
 HELP = ("write a checkpoint as a Hugging Face folder (safetensors weights, config.json, tokenizer, README.md model "
         "card) that AutoModelForCausalLM and AutoTokenizer load after `import rpt`")
 ORDER = 56
+FLAGS = {"path": "RUN_OR_CHECKPOINT"}  # library argument -> flag, where not --<argument> (rpt.utils.ArgumentError)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rpt.utils import UserError
+from rpt.utils import argument_error
 
 PROBE_TIMEOUT = 2.0
 _TRUE = {"1", "true", "yes", "on"}
@@ -115,17 +115,17 @@ def in_cache(name: str, filenames: tuple[str, ...]) -> bool:
     return any(cached_file(name, f) is not None for f in filenames)
 
 
-def check_name(name: str, flag: str, accepted: str, files: tuple[str, ...]) -> bool:
+def check_name(name: str, arg: str, accepted: str, files: tuple[str, ...]) -> bool:
     """Refuse at once a `name` that cannot be loaded: a missing path, or offline, a name not in the local cache.
 
     Returns whether the hub is online (callers then load cached names with ``local_files_only`` when it is not).
-    Raises UserError naming `flag`, what was looked for, and `accepted`.
+    Raises an ArgumentError naming argument `arg` (the CLI: its flag), what was looked for, and `accepted`.
     """
     if looks_like_path(name):
-        raise UserError(f"{flag} {name}: no such file or folder ({Path(name).expanduser()} does not exist); "
-                        f"accepted: {accepted}")
+        raise argument_error(arg, name, f"no such file or folder ({Path(name).expanduser()} does not exist); "
+                             f"accepted: {accepted}")
     online = hub_online()
     if not online and not in_cache(name, files):
-        raise UserError(f"{flag} {name}: not a local path, not in the local Hugging Face cache ({hub_cache_dir()}), "
-                        f"and {why_offline()}; accepted: {accepted}")
+        raise argument_error(arg, name, f"not a local path, not in the local Hugging Face cache ({hub_cache_dir()}), "
+                             f"and {why_offline()}; accepted: {accepted}")
     return online

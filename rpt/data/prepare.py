@@ -46,7 +46,7 @@ from rpt.data.corpora import SPLITS, Corpus, Document, Skips, load_corpus, norma
 from rpt.data.store import StoreError, StoreWriter, TokenStore
 from rpt.data.tokenizer import DEFAULT_SAMPLE_BYTES, Tokenizer, load_tokenizer
 from rpt.locks import folder_lock
-from rpt.utils import write_json_atomic
+from rpt.utils import argument_error, write_json_atomic
 
 BATCH_CHARS = 4 << 20  # tokenize ~4 MB of text per encode_batch call
 BATCH_DOCS = 256
@@ -174,7 +174,7 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     with folder_lock(out, "built"):  # one `rpt prepare` per store: a second is refused while this one lives
         dropped = recover_swap(out)
         if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a folder")
+            raise argument_error("out", out, "exists and is not a folder", ValueError)
 
         tt = time.perf_counter()
         train_split = "train" if "train" in corpus.splits else corpus.splits[0]
@@ -275,11 +275,12 @@ def _reusable_in_place(out: Path, splits: list[str], tokenizer: Tokenizer, chunk
                 TokenStore.open(path).check_compatible(tokenizer_id=tokenizer.identity)
         except StoreError as e:
             also = "" if split in splits else f" (split {split} shares {out / 'tokenizer.json'} with the splits asked for)"
-            raise StoreError(f"{e}{also}; pass --force (force=True) to rebuild {out}{hint}") from None
+            raise StoreError(f"{e}{also}; rebuild {out} with force=True (rpt prepare --force){hint}") from None
     old_tok = out / "tokenizer.json"
     stores = any((out / s / "manifest.json").is_file() for s in SPLITS)
     if stores and old_tok.exists() and Tokenizer.from_file(old_tok).hash != tokenizer.hash:
-        raise StoreError(f"{old_tok} differs from the tokenizer of the stores in {out}; pass --force to rebuild{hint}")
+        raise StoreError(f"{old_tok} differs from the tokenizer of the stores in {out}; rebuild with force=True "
+                         f"(rpt prepare --force){hint}")
     return reuse
 
 

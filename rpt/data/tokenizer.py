@@ -29,7 +29,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from rpt.data import hub
-from rpt.utils import error_line
+from rpt.utils import argument_error, error_line
 
 EOS = "<|endoftext|>"  # the one special token of a trained BPE (id 0), as in GPT-2 / GPT-NeoX
 BPE_VERSION = 1  # bump when the trainer settings below change: it is part of the cache key
@@ -91,10 +91,10 @@ class Tokenizer:
             return olmo
         accepted = ACCEPTED + (f", or `{_OLMO_INSTALL}` for {name} offline" if name in _OLMO_FILES else "")
         if offline is None:
-            offline = not hub.check_name(name, "--tokenizer", accepted, _TOKENIZER_FILES)
+            offline = not hub.check_name(name, "tokenizer", accepted, _TOKENIZER_FILES)
         elif offline and not hub.in_cache(name, _TOKENIZER_FILES):
-            raise ValueError(f"--tokenizer {name}: not a local path and not in the local Hugging Face cache "
-                             f"({hub.hub_cache_dir()}), and offline was asked for; accepted: {accepted}")
+            raise argument_error("tokenizer", name, f"not a local path and not in the local Hugging Face cache "
+                                 f"({hub.hub_cache_dir()}), and offline was asked for; accepted: {accepted}", ValueError)
         errors = []
         try:
             import huggingface_hub
@@ -117,7 +117,7 @@ class Tokenizer:
             return cls(backend, name)
         except Exception as e:
             errors.append(f"transformers: {error_line(e)}")
-        raise ValueError(f"--tokenizer {name}: cannot load it ({'; '.join(errors)}); accepted: {accepted}")
+        raise argument_error("tokenizer", name, f"cannot load it ({'; '.join(errors)}); accepted: {accepted}", ValueError)
 
     @classmethod
     def train_bpe(cls, texts: Iterable[str], vocab_size: int, *, cache_dir: str | Path | None = None,
@@ -232,7 +232,7 @@ def load_tokenizer(spec: str, texts: Callable[[], Iterable[str]] | Iterable[str]
     if kind == "file":
         path = Path(value).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"--tokenizer {value}: {path} does not exist; accepted: {ACCEPTED}")
+            raise argument_error("tokenizer", value, f"{path} does not exist; accepted: {ACCEPTED}", FileNotFoundError)
         return Tokenizer.from_file(path)
     return Tokenizer.from_pretrained(str(value), offline=offline)
 

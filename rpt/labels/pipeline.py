@@ -30,6 +30,7 @@ from rpt.labels.bm25 import K1, B, Query, bm25_candidates
 from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
 from rpt.locks import folder_lock
+from rpt.utils import argument_error
 
 Kind = Literal["lex", "sem"]
 Candidates = Literal["bm25", "all"]
@@ -179,9 +180,9 @@ def parse_shard(value: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in value.split("/"))
     except ValueError:
-        raise LabelError(f"--shard must look like i/n (e.g. 0/4), not {value!r}") from None
+        raise argument_error("shard", value, "must look like i/n (e.g. 0/4)", LabelError) from None
     if not 0 <= i < n:
-        raise LabelError(f"--shard {value}: need 0 <= i < n")
+        raise argument_error("shard", value, "need 0 <= i < n", LabelError)
     return i, n
 
 
@@ -271,7 +272,7 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
                 return out if _merge_if_complete(out, n) else path
             asked = {**config, "doc_range": [lo, hi] if done_path == path else [0, n_docs]}
             raise LabelError(f"{done_path} already holds labels made with other settings ({settings_diff(old, asked)}); "
-                             "delete it or pass --overwrite")
+                             "delete it or pass overwrite=True (rpt label --overwrite)")
     with folder_lock(path, "labelled"):  # one writer per label folder (and its .partial); a second is refused
         writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
         from tqdm.auto import tqdm

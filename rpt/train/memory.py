@@ -228,5 +228,5 @@ def check_fits(cfg: RPTConfig, device: torch.device | str, available: int | None
             f"a training step of this config needs {est.describe()} with data.seq_len={cfg.data.seq_len:,}, "
             f"train.batch_size={cfg.train.batch_size}, model.vocab_size={cfg.model.vocab_size:,} on {device.type}, but "
             f"{gib(available)} is available: lower data.seq_len or train.batch_size (train.grad_accum keeps the "
-            f"update size), or pass --no-memory-check to try anyway")
+            f"update size), or pass memory_check=False (rpt train --no-memory-check) to try anyway")
     return est

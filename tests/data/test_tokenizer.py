@@ -110,7 +110,7 @@ def test_load_by_name_from_local_hub_cache_and_offline_failure(trained, tmp_path
     got = load_tokenizer("someone/tiny-tok", offline=True)
     assert got.hash == trained.hash and got.name == "someone/tiny-tok"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ValueError, match="--tokenizer nobody/no-such-tokenizer: .*bpe:<vocab>"):
+    with pytest.raises(ValueError, match="tokenizer='nobody/no-such-tokenizer': .*bpe:<vocab>"):
         load_tokenizer("nobody/no-such-tokenizer", offline=True)
 
 

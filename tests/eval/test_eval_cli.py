@@ -94,7 +94,7 @@ def test_default_output_path(setup, capsys):
     ("retro-model", "retro has no retriever"),
     ("neighbors-0", "--neighbors must be >= 1"),
     ("missing-baseline", "no such result file"),
-    ("dpr-without-retriever", "--source dpr needs --retriever"),
+    ("dpr-without-retriever", "--source dpr: needs --retriever"),
     ("xl-dpr", "xl has no chunked cross-attention"),
     ("missing-retriever", "nowhere-dpr"),
 ])
