@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -251,11 +250,11 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
             logits = model(input_ids, **retrieval).logits
         loss = None
         if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(f"labels: shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
-            V = logits.shape[-1]
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1).to(logits.device),
-                                   ignore_index=-100)
+            from rpt.model.decoder import label_targets
+            from rpt.train.losses import lm_loss
+
+            targets, mask = label_targets(labels, input_ids, None)  # the model's own loss (`forward(labels=)`)
+            loss = lm_loss(logits, targets, mask).mean()
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
         if return_dict is False:
             return out.to_tuple()

@@ -19,7 +19,7 @@ from torch import nn
 
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin, set_attention_dropout
-from rpt.train.losses import lm_loss_chunked
+from rpt.train.losses import Sum, lm_loss, lm_loss_chunked
 
 
 class TiedLM:
@@ -74,13 +74,37 @@ class TiedLM:
         return self.drop(self.embed(ids)), self._rot(0, ids.shape[1], ids.device)
 
     def _lm_head(self, x: torch.Tensor, input_ids: torch.Tensor, loss_chunk: int,
-                 loss_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
+                 loss_mask: torch.Tensor | None, labels: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Any]:
         """(logits [B, T, V], None) of the final states x [B, Tp, D]; with loss_chunk > 0 (None, the LM loss over
-        input_ids computed `loss_chunk` targets at a time): the [B, T, V] logits are never materialised."""
+        input_ids computed `loss_chunk` targets at a time): the [B, T, V] logits are never materialised.
+        labels [B, T]: the LM loss (a `Sum`) is over labels instead of input_ids (see `label_targets`), with the
+        logits too unless loss_chunk > 0."""
         T = input_ids.shape[1]
+        targets = input_ids
+        if labels is not None:
+            targets, loss_mask = label_targets(labels, input_ids, loss_mask)
         if loss_chunk > 0:
-            return None, lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, input_ids, loss_mask, loss_chunk)
-        return self._logits(x)[:, :T], None
+            return None, lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, targets, loss_mask, loss_chunk)
+        logits = self._logits(x)[:, :T]
+        return logits, (lm_loss(logits, targets, loss_mask) if labels is not None else None)
+
+
+def label_targets(labels: torch.Tensor, input_ids: torch.Tensor,
+                  loss_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets, mask) of `labels` [B, T] for `lm_loss`: position t is scored on labels[t + 1] (the shift of the
+    training loss); a label of -100 is not scored (transformers' convention), nor a position loss_mask marks False."""
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels: shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    labels = labels.to(input_ids.device)
+    mask = labels != -100
+    if loss_mask is not None:
+        mask = mask & loss_mask.bool()
+    return labels.masked_fill(~mask, 0), mask
+
+
+def mean_loss(lm: Sum | None) -> torch.Tensor | None:
+    """The mean of an LM loss `Sum` (nats per scored target; 0 with no target), or None."""
+    return None if lm is None else lm.mean()
 
 
 def draw_seed(seed: int | None) -> int:
@@ -124,19 +148,21 @@ class SegmentDecoder(TiedLM, nn.Module):
 
     def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
                 use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None):
+                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None):
         """input_ids [B, T], any T, from the documents' start -> logits [B, T, V]; loss_chunk > 0: the LM loss over
         input_ids (real tokens marked by loss_mask [B, T]) in `out.lm`, `loss_chunk` targets at a time, and no logits
-        (as `RPT.forward`). The retrieval arguments exist for the common contract: neighbour ids are refused,
-        n_neighbors / retrieve_k ignored (evaluation passes n_neighbors to every variant)."""
+        (as `RPT.forward`). labels [B, T] (usually input_ids): `out.loss` is the mean next-token cross-entropy,
+        position t scored on labels[t + 1], -100 not scored. The retrieval arguments exist for the common contract:
+        neighbour ids are refused, n_neighbors / retrieve_k ignored (evaluation passes n_neighbors to every variant)."""
         from rpt.model.rpt import RPTOutput
 
         self._no_neighbours(neighbor_ids, use_supplied)
         x, rot = self._embed_segments(input_ids)  # [B, Tp, D]
         for layer in self.layers:
             x = layer(x, rot)
-        logits, lm = self._lm_head(x, input_ids, loss_chunk, loss_mask)
-        return RPTOutput(logits=logits, lm=lm)
+        logits, lm = self._lm_head(x, input_ids, loss_chunk, loss_mask, labels)
+        return RPTOutput(logits=logits, lm=lm, loss=mean_loss(lm) if labels is not None else None)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, cache: Any, neighbor_ids: torch.Tensor | None = None,

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
-from rpt.config import ModelConfig, RPTConfig
+from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
-from rpt.model.decoder import TiedLM, draw_seed
+from rpt.model.decoder import TiedLM, draw_seed, mean_loss
 from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, set_attention_dropout
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
@@ -44,6 +44,7 @@ class RPTOutput:
     top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
     gates             [B, C, K] neighbour gate values
     chunk_start       index of the first chunk the per-chunk fields describe (0 for forward)
+    loss              forward with labels: the mean next-token cross-entropy (a scalar), else None
     """
 
     logits: torch.Tensor | None
@@ -54,6 +55,7 @@ class RPTOutput:
     top_scores: torch.Tensor | None = None
     gates: torch.Tensor | None = None
     chunk_start: int = 0
+    loss: torch.Tensor | None = None
 
 
 @dataclass
@@ -111,6 +113,10 @@ class RPT(TiedLM, nn.Module):
         weights); None draws it from torch's global generator, so `torch.manual_seed(s)` before building does the same."""
         super().__init__()
         cfg = cfg.model if isinstance(cfg, RPTConfig) else cfg
+        if cfg.variant not in RPT_VARIANTS:
+            raise ValueError(f"variant {cfg.variant!r}: the RPT class builds {', '.join(RPT_VARIANTS)}; build the "
+                             f"{cfg.variant} baseline with rpt.build_model(config) (rpt.model.registry), which picks the "
+                             "class of every variant")
         cfg.validate()
         seed = draw_seed(seed)
         self.cfg = cfg
@@ -208,7 +214,8 @@ class RPT(TiedLM, nn.Module):
     # ------------------------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
                 use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
-                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None) -> RPTOutput:
+                retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> RPTOutput:
         """input_ids [B, T]. neighbor_ids [B, C, K'] supplied neighbour chunk ids (sequence-relative, -1 = empty):
         BM25 for retro, gold for scheduled sampling, oracle at evaluation. use_supplied [B, C] picks supplied over
         the retriever's own top-K per query chunk (None: supplied everywhere when given). Supplied ids that break the
@@ -217,7 +224,11 @@ class RPT(TiedLM, nn.Module):
         loss_chunk > 0: return the LM loss over input_ids (real tokens marked by loss_mask [B, T]) in `out.lm`,
         computed `loss_chunk` targets at a time (`lm_loss_chunked`), and no logits: the [B, T, V] logits are never
         materialised (training at large T and V). The loss is computed here rather than by the caller so that it
-        reads the output embedding inside forward, where FSDP has gathered it."""
+        reads the output embedding inside forward, where FSDP has gathered it.
+
+        labels [B, T] (usually input_ids itself): `out.loss` is the mean next-token cross-entropy, position t scored
+        on labels[t + 1] (the training loss's shift), labels of -100 not scored; the logits are still returned unless
+        loss_chunk > 0."""
         cfg = self.cfg
         B, T = input_ids.shape
         S, M = cfg.segment_len, cfg.chunk_size
@@ -254,7 +265,9 @@ class RPT(TiedLM, nn.Module):
             out.neighbor_ids = chosen[:, : T // M]
         for layer in self.upper:
             x = layer(x, rot, nkv, 0)
-        out.logits, out.lm = self._lm_head(x, input_ids, loss_chunk, loss_mask)
+        out.logits, out.lm = self._lm_head(x, input_ids, loss_chunk, loss_mask, labels)
+        if labels is not None:
+            out.loss = mean_loss(out.lm)
         return out
 
     # ------------------------------------------------------------------------------------------------------------
