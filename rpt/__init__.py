@@ -1,25 +1,54 @@
 """RPT: the Retrieval-Pretrained Transformer (Rubin & Berant, TACL) in PyTorch.
 
-    from rpt import RPT, RPTConfig
-    model = RPT(RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=V))
-    logits = model(input_ids).logits  # [B, T, V]
+    import rpt
+    rpt.prepare("my_docs/", "data/mine", tokenizer="bpe:2048")      # a folder of text / JSONL -> token stores
+    rpt.train("tiny", "data/mine", "runs/mine", steps=200)           # a preset (or YAML / RPTConfig) + overrides
+    model = rpt.load("runs/mine")                                    # a run, a checkpoint or an exported folder
+    print(model.generate("Once upon a time", max_new_tokens=50))     # text in, text out
+    print(model.evaluate("data/mine").perplexity)                    # long-document perplexity
 
-Exported models (`rpt export`) load with transformers' AutoModelForCausalLM once rpt is imported (rpt.hf_auto).
+    from rpt import RPTConfig, build_model
+    net = build_model(RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=V).model)
+    out = net(input_ids, labels=input_ids)                           # out.logits [B, T, V], out.loss
+
+Exported models (`rpt export`, `model.export(out)`) load with transformers' AutoModelForCausalLM once rpt is
+imported (rpt.hf_auto). `import rpt` stays light: torch loads when a function below is first used.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rpt import hf_auto
 from rpt.config import RPTConfig
 
-__all__ = ["RPT", "RPTConfig"]
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from rpt.api import EvalResult, evaluate, load, prepare
+    from rpt.api import generate as generate
+    from rpt.api import train as train
+    from rpt.generate import LoadedModel
+    from rpt.model.registry import build_model
+    from rpt.model.rpt import RPT
+
+__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "build_model", "evaluate", "generate", "load", "prepare",
+           "train"]
 __version__ = "0.1.0"
 
 hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)
 
+# name -> (module, attribute); imported on first use. `generate` and `train` are modules of rpt that are also callable
+# (rpt.utils.callable_module): rpt.generate(...) runs rpt.api.generate, rpt.train(...) rpt.api.train.
+_LAZY = {"RPT": ("rpt.model.rpt", "RPT"), "build_model": ("rpt.model.registry", "build_model"),
+         "load": ("rpt.api", "load"), "evaluate": ("rpt.api", "evaluate"), "prepare": ("rpt.api", "prepare"),
+         "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.generate", "LoadedModel"),
+         "generate": ("rpt.generate", None), "train": ("rpt.train", None)}
+
 
 def __getattr__(name: str):
-    # The model imports torch; keep `import rpt` (config, CLI start-up) light.
-    if name == "RPT":
-        from rpt.model.rpt import RPT
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rpt' has no attribute {name!r}")
+    import importlib
 
-        return RPT
-    raise AttributeError(name)
+    module, attr = _LAZY[name]
+    mod = importlib.import_module(module)
+    return mod if attr is None else getattr(mod, attr)

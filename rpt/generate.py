@@ -22,10 +22,14 @@ Sampling draws from one generator per prompt seeded with ``seed + prompt index``
 depend on which other prompts share its batch.
 
 Dimension letters: B batch (prompts of one group), T prompt tokens, V vocabulary, C chunks, K neighbours, R top-R.
+
+Called as a function, ``rpt.generate(model_or_path, "text", max_new_tokens=...)``, this module runs
+`rpt.api.generate` (text in, text out).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 
 from rpt.config import check_neighbors
-from rpt.utils import UserError
+from rpt.utils import UserError, argument_error
 
 if TYPE_CHECKING:
     from rpt.config import RPTConfig
@@ -434,10 +438,53 @@ def generate(model: RPT, prompts: Sequence[Sequence[int]] | torch.Tensor, cfg: G
 
 @dataclass
 class LoadedModel:
+    """A trained model ready for inference (`rpt.load`): the model (eval mode), its run config, its tokenizer (None
+    when none was found) and the folder it came from (a checkpoint folder, or an exported Hugging Face folder)."""
+
     model: RPT
     config: RPTConfig
     tokenizer: Tokenizer | None
     path: Path  # the checkpoint folder
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 200, **options) -> str | list[str]:
+        """Continue `prompt` (text; a list of texts gives a list): `rpt.api.generate` with this model."""
+        from rpt.api import generate as generate_text
+
+        return generate_text(self, prompt, max_new_tokens=max_new_tokens, **options)
+
+    def evaluate(self, store_or_documents, **options):
+        """Perplexity over a token store's split or a list of documents: `rpt.api.evaluate` with this model."""
+        from rpt.api import evaluate
+
+        return evaluate(self, store_or_documents, **options)
+
+    def export(self, out: str | Path, force: bool = False) -> Path:
+        """Write this checkpoint as a Hugging Face folder (`rpt.export.export`); returns `out`."""
+        from rpt.export import export
+
+        return export(self.path, out, force=force)
+
+
+def encode_prompts(loaded: LoadedModel, prompts: Sequence[str], cfg: GenerateConfig) -> tuple[list[list[int]], GenerateConfig]:
+    """(token ids of each text prompt, `cfg` with the tokenizer's end-of-text id and vocabulary size filled in): the
+    checks `rpt generate` and `rpt.generate` share (a tokenizer to encode with, prompts that encode to tokens)."""
+    tok = loaded.tokenizer
+    if tok is None:
+        raise argument_error("tokenizer", problem=f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in "
+                             f"the checkpoint or run folder, nor beside data.store {loaded.config.data.store}): pass one")
+    if not prompts or any(not p.strip() for p in prompts):
+        raise UserError("empty prompt: give some text to continue")
+    ids = [tok.encode(p) for p in prompts]
+    if any(not x for x in ids):
+        raise UserError("empty prompt: it encodes to no tokens")
+    cfg = dataclasses.replace(cfg, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
+    if cfg.stop_at_eos and cfg.eos_id is None:
+        raise argument_error("stop_at_eos", True, "the tokenizer has no end-of-text token")
+    return ids, cfg
 
 
 def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
@@ -460,7 +507,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: 
     from rpt.data.tokenizer import Tokenizer
 
     if not Path(path).exists():
-        raise UserError(f"--checkpoint {path}: no such file or folder")
+        raise argument_error("checkpoint", path, "no such file or folder")
     folder = resolve_checkpoint(path)
     model, cfg = load_checkpoint(folder, device)
     tok_path = Path(tokenizer) if tokenizer is not None else find_tokenizer(folder, cfg)
@@ -482,9 +529,9 @@ def check_tokenizer(tok: Tokenizer, folder: Path, cfg: RPTConfig, allow_other: b
     recorded = checkpoint_tokenizer(folder, cfg)
     if allow_other or recorded is None or recorded.get("hash") == tok.hash:
         return
-    raise UserError(f"tokenizer {tok.name} (hash {tok.hash[:12]}) is not the one checkpoint {folder} was trained with, "
-                    f"{recorded.get('name')} (hash {str(recorded.get('hash'))[:12]}): pass that one with --tokenizer, or "
-                    "--allow-other-tokenizer if its ids mean the same tokens")
+    raise argument_error("tokenizer", tok.name, f"hash {tok.hash[:12]} is not the tokenizer checkpoint {folder} was "
+                         f"trained with, {recorded.get('name')} (hash {str(recorded.get('hash'))[:12]}): pass that one "
+                         "as {tokenizer}, or {allow_other_tokenizer=True} if its ids mean the same tokens")
 
 
 def read_text_file(path: str | Path, flag: str) -> str:
@@ -500,3 +547,8 @@ def read_text_file(path: str | Path, flag: str) -> str:
                         "first, e.g. iconv -f latin1 -t utf-8") from None
     except OSError as e:
         raise UserError(f"{flag} {p}: cannot read it ({e.strerror})") from None
+
+
+from rpt.utils import callable_module  # noqa: E402
+
+callable_module(__name__, "rpt.api.generate")

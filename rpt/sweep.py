@@ -204,8 +204,7 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
 
 def plan(s: SweepSettings) -> Plan:
     """Every job of the sweep, in order, after the checks of the module docstring."""
-    from rpt.commands.train import default_labels
-    from rpt.labels.store import default_label_path
+    from rpt.labels.store import default_label_path, default_labels
     from rpt.model.registry import spec
 
     if not s.variants or not s.seeds:

@@ -43,7 +43,7 @@ from rpt.eval import analysis, metrics
 from rpt.eval.memory import MemoryKind, make_memory, memory_name
 from rpt.model.memory import ChunkMemory
 from rpt.model.registry import spec
-from rpt.utils import UserError, write_json_atomic
+from rpt.utils import UserError, argument_error, write_json_atomic
 
 RESULT_VERSION = 1
 SOURCES = ("model", "bm25", "oracle", "dpr", "random", "none")
@@ -201,13 +201,13 @@ def default_source(variant: str) -> str:
 
 def check_source(variant: str, source: str) -> None:
     if source not in SOURCES:
-        raise UserError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
+        raise argument_error("source", source, f"must be one of {', '.join(SOURCES)}")
     if spec(variant).neighbours == "none" and source != "none":
-        raise UserError(f"variant {variant} has no chunked cross-attention: --source {source} needs a retrieval model "
-                        "(use --source none)")
+        raise argument_error("source", source, f"needs a retrieval model, and variant {variant} has no chunked "
+                             "cross-attention (use source none)")
     if variant == "retro" and source == "model":
-        raise UserError("variant retro has no retriever of its own: use --source bm25 (its inference-time "
-                        "neighbours), oracle or none")
+        raise argument_error("source", source, "variant retro has no retriever of its own: use source bm25 (its "
+                             "inference-time neighbours), oracle or none")
 
 
 def shard(docs: list[int], rank: int, world_size: int) -> list[int]:
@@ -227,8 +227,9 @@ def open_eval_labels(path: str | Path, store: TokenStore, segment_len: int, docs
     lo, hi = labels.doc_range
     missing = [d for d in docs if not lo <= d < hi]
     if missing:
-        raise UserError(f"labels {labels.path} cover documents {lo}..{hi - 1}, evaluation needs document {missing[0]}"
-                        f"{' and more' if len(missing) > 1 else ''} (use --max-documents or label all documents)")
+        raise argument_error("labels", labels.path, f"covers documents {lo}..{hi - 1}, evaluation needs document "
+                             f"{missing[0]}{' and more' if len(missing) > 1 else ''} (lower {{max_documents}} or label "
+                             "all documents)")
     return labels
 
 
@@ -251,9 +252,11 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
     M, S, K = cfg.chunk_size, cfg.segment_len, n_neighbors
     check_source(cfg.variant, source)
     if (source == "oracle" or with_metrics) and labels is None:
-        raise UserError(f"{'--source oracle' if source == 'oracle' else '--metrics'} needs --labels (sem, span doc)")
+        if source == "oracle":
+            raise argument_error("source", source, "needs {labels} (sem, span doc)")
+        raise argument_error("with_metrics", problem="needs {labels} (sem, span doc)")
     if source == "dpr" and retriever is None:
-        raise UserError("--source dpr needs --retriever FOLDER (trained by `rpt dpr`) or hf:NAME")
+        raise argument_error("source", source, "needs {retriever}: a folder trained by `rpt dpr`, or hf:NAME")
     mine = shard(docs, rank, world_size)
     lengths = store.doc_lengths()
     bar = tqdm(total=int(sum(int(lengths[d]) for d in mine)), unit="tok", unit_scale=True, desc="eval",
@@ -387,7 +390,8 @@ def subgroups_against(result: dict[str, Any], baseline: dict[str, Any], labels, 
             raise UserError(f"baseline result has no matching document {rec['index']} ({rec['id']}): evaluate the "
                             "baseline on the same store and split")
         if "chunks" not in b or "chunks" not in rec or rec["chunks"]["neighbors"] is None:
-            raise UserError("subgroup analysis needs per-chunk data in both results (--per-chunk) from a retrieval model")
+            raise UserError("subgroup analysis needs per-chunk data in both results (per_chunk=True, rpt eval --per-chunk) from "
+                            "a retrieval model")
         if not rec["n_chunks"]:
             continue
         rows = labels.rows(rec["index"])
@@ -399,24 +403,26 @@ def subgroups_against(result: dict[str, Any], baseline: dict[str, Any], labels, 
     return {**analysis.finalize_subgroups(sums), "definition": analysis.IMPROVEMENT}
 
 
-def read_result(path: str | Path, flag: str, per_chunk: bool = False) -> dict[str, Any]:
-    """A result JSON written by `run_eval` (the file `flag` names), checked before any evaluation: a file that is not
-    JSON, or JSON of something else, is a UserError naming it, not a KeyError (or a traceback) after minutes of work.
-    per_chunk: it must also hold per-chunk data (made with --per-chunk), as --baseline needs."""
+def read_result(path: str | Path, arg: str, per_chunk: bool = False) -> dict[str, Any]:
+    """A result JSON written by `run_eval` (the file argument `arg` names; a flag such as "--baseline" is read as its
+    argument), checked before any evaluation: a file that is not JSON, or JSON of something else, is an
+    ArgumentError naming it, not a KeyError (or a traceback) after minutes of work.
+    per_chunk: it must also hold per-chunk data (made with per_chunk=True), as a baseline needs."""
+    arg = arg.lstrip("-").replace("-", "_")
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{flag} {p}: no such result file")
+        raise argument_error(arg, p, "no such result file")
     try:
         result = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{flag} {p}: not a JSON file ({e})") from None
+        raise argument_error(arg, p, f"not a JSON file ({e})") from None
     if (not isinstance(result, dict) or not {"format_version", "config", "eval", "total", "documents"} <= set(result)
             or not isinstance(result["eval"], dict)):
-        raise UserError(f"{flag} {p}: not a result of `rpt eval` (no format_version, config, eval, total and documents)")
+        raise argument_error(arg, p, "not a result of `rpt eval` (no format_version, config, eval, total and documents)")
     if result["format_version"] != RESULT_VERSION:
-        raise UserError(f"{flag} {p}: result format {result['format_version']}, this version reads {RESULT_VERSION}")
+        raise argument_error(arg, p, f"result format {result['format_version']}, this version reads {RESULT_VERSION}")
     if per_chunk and not result["eval"].get("per_chunk"):
-        raise UserError(f"{flag} {p}: has no per-chunk data; evaluate it again with --per-chunk")
+        raise argument_error(arg, p, "has no per-chunk data; evaluate it again with {per_chunk=True}")
     return result
 
 
@@ -435,9 +441,14 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
              max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
              baseline: str | Path | None = None, bm25_statistics: Literal["causal", "document"] = "causal",
              precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True,
-             retriever: str | Path | None = None, memory_tokens: int | None = None) -> dict[str, Any]:
+             retriever: str | Path | None = None, memory_tokens: int | None = None, loaded: Any = None) -> dict[str, Any]:
     """`rpt eval`: perplexity of a checkpoint over the documents of a split, optionally with retrieval metrics and the
-    §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it. Layout::
+    §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it.
+
+    `store` is a token store root (or one split's folder), or an opened store (anything with TokenStore's `document`,
+    `doc_lengths`, `doc_ids`, `path` and `check_compatible`, e.g. documents tokenized in memory by `rpt.evaluate`).
+    `loaded`: a model already loaded (`rpt.load`, an `rpt.generate.LoadedModel`), evaluated on its own device instead
+    of loading `checkpoint` (which may then be None). Layout of the result::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
@@ -455,23 +466,33 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
     from rpt.data.store import StoreError as _StoreError
     from rpt.train import distributed as D
 
-    check_neighbors(n_neighbors)
+    check_neighbors(n_neighbors, "n_neighbors")
     if max_documents < 0:
-        raise UserError(f"--max-documents must be >= 0, not {max_documents}")
-    ckpt = resolve_checkpoint(checkpoint)  # before anything heavy: a wrong path is the commonest mistake
-    tokens_store = open_split(store, split)
+        raise argument_error("max_documents", max_documents, "must be >= 0")
+    if loaded is not None and memory_tokens is not None:
+        raise argument_error("memory_tokens", memory_tokens, "give a checkpoint path, not a loaded model: the model is "
+                             "built with that memory")
+    # before anything heavy: a wrong path is the commonest mistake
+    ckpt = resolve_checkpoint(checkpoint) if loaded is None else Path(loaded.path)
+    tokens_store = open_split(store, split) if isinstance(store, (str, Path)) else store
     base = None
     if baseline is not None:
-        base = read_result(baseline, "--baseline", per_chunk=True)
+        base = read_result(baseline, "baseline", per_chunk=True)
         per_chunk = True
+    if loaded is not None:
+        device = str(next(loaded.model.parameters()).device)
     info = D.setup(None if device in (None, "auto") else device)
     dev = info.device
     if device not in (None, "auto") and info.world_size == 1:
         dev = torch.device(device)
     try:
-        model, cfg = load_model(ckpt, dev, memory_tokens=memory_tokens)
+        if loaded is None:
+            model, cfg = load_model(ckpt, dev, memory_tokens=memory_tokens)
+            tok_id = checkpoint_tokenizer(ckpt, cfg)
+        else:
+            model, cfg = loaded.model.eval(), loaded.config
+            tok_id = loaded.tokenizer.identity if loaded.tokenizer is not None else None
         mcfg = model.cfg
-        tok_id = checkpoint_tokenizer(ckpt, cfg)
         try:
             tokens_store.check_compatible(tokenizer_id=tok_id, chunk_size=mcfg.chunk_size, vocab_size=mcfg.vocab_size)
         except _StoreError as e:
@@ -483,9 +504,11 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
         if labels is not None:
             label_store = open_eval_labels(labels, tokens_store, mcfg.segment_len, docs)
         elif source == "oracle" or with_metrics or base is not None:
-            what = "--source oracle" if source == "oracle" else "--metrics" if with_metrics else "--baseline"
-            raise UserError(f"{what} needs --labels: a sem label store of this split with span doc "
-                            f"(rpt label --store {store} --split {split} --kind sem --span doc)")
+            need = (f"needs {{labels}}: a sem label store of this split with span doc (`rpt label --store {store} "
+                    f"--split {split} --kind sem --span doc`)")
+            if source == "oracle":
+                raise argument_error("source", source, need)
+            raise argument_error("with_metrics" if with_metrics else "baseline", problem=need)
         factory = make_memory(memory, dev)
         dpr = None
         if retriever is not None:
@@ -495,7 +518,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
             dpr.check_store(tokens_store)
             dpr.check_chunks(mcfg.chunk_size, 0)
         if precision not in ("fp32", "bf16"):
-            raise UserError(f"--precision must be fp32 or bf16, not {precision!r}")
+            raise argument_error("precision", precision, "must be fp32 or bf16")
         if precision == "bf16" and dev.type != "cuda":
             warnings.warn("bf16 is for GPUs (bf16 matmuls are ~600x slower on these CPUs): evaluating in fp32", stacklevel=2)
             precision = "fp32"

@@ -354,3 +354,19 @@ def merge_label_stores(paths: list[str | Path], out: str | Path) -> Path:
                     "n_positive": sum(int(s.manifest.get("n_positive") or 0) for s in stores)}
     writer._commit()
     return writer.publish({"shard": None})
+
+
+def default_labels(store_root: str | Path, variant: str, seq_len: int,
+                   given: dict[str, Path] | None = None) -> Path | None:
+    """The training labels of a variant: sem for rpt-sem, lex (else sem) for retro and rpt-lex; of each kind first the
+    folder given for it (`given`: kind -> folder), then the one `rpt label` writes by default. None if none exists."""
+    from rpt.model.registry import spec
+
+    kinds = {None: [], "sem": ["sem"]}.get(spec(variant).labels, ["lex", "sem"])
+    for kind in kinds:
+        if given and kind in given:
+            return Path(given[kind])
+        path = default_label_path(store_root, "train", kind, seq_len)
+        if (path / "manifest.json").exists():
+            return path
+    return None

@@ -49,7 +49,7 @@ from rpt.train.losses import (
 from rpt.train.memory import check_fits
 from rpt.train.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
-from rpt.utils import RPTWarning, UserError
+from rpt.utils import RPTWarning, UserError, argument_error
 
 
 class NonFiniteLoss(RuntimeError):
@@ -193,6 +193,18 @@ _LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOK = range(7)
 # the loop
 
 
+def store_vocab(store_root: str | Path) -> int:
+    """The vocabulary size of the tokenizer a token store was written with (a preset's vocabulary is a placeholder)."""
+    try:
+        tok = open_store(store_root).tokenizer_id
+    except StoreError as e:
+        raise UserError(str(e)) from None
+    if "vocab_size" not in tok:
+        raise argument_error("vocab_size", problem=f"the store {store_root} does not record its vocabulary size: "
+                             "give it")
+    return int(tok["vocab_size"])
+
+
 def _default_model(mcfg: ModelConfig) -> nn.Module:
     from rpt.model.registry import build_model
 
@@ -330,7 +342,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     model = model_factory(mcfg).to(dev)
     if tc.compile:
         if fsdp:
-            raise ValueError("train.compile with fsdp is not supported: compile without --fsdp, or turn compile off")
+            raise ValueError("train.compile with fsdp is not supported: compile without fsdp (rpt train --fsdp), or turn "
+                             "compile off")
         model.compile()  # in place: the wrapped model, its parameters and checkpoint keys stay the same objects
     model = D.wrap(model, info, fsdp=fsdp)
     optimizer = build_optimizer(model, tc)

@@ -174,7 +174,7 @@ def test_metrics_and_overlap_sums(tmp_path):
             assert 0 <= sums[f"metrics.{name}.{key}"] <= n_pos
         assert sums[f"overlap.{name}.n"] > 0
         assert 0 <= sums[f"overlap.{name}.query"] <= M * sums[f"overlap.{name}.n"]
-    with pytest.raises(UserError, match="needs --labels"):
+    with pytest.raises(UserError, match=r"with_metrics: needs labels=\.\.\."):
         evaluate(model, store, [0], with_metrics=True)
 
 
