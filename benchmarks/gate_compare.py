@@ -8,7 +8,7 @@ paired seeds, on code (the demo's store) and on the copy corpus (a `rpt copytest
 Code: for each seed of the demo, trains rpt-sem with gate=clamp exactly as the demo trained rpt-sem (same command,
 `--set model.gate=clamp`), evaluates both over the demo's test documents with their own neighbours and with none, and
 reports perplexity, the retrieval gain and the share of gates sitting at eta (at the floor) on those documents.
-Copy: the same figures for the `far-rpt-sem-seed*` runs of a copytest folder run with and without `--set gate=clamp`.
+Copy: the same figures for the `far-rpt-sem-seed*` runs of a copytest folder run with and without `--set model.gate=clamp`.
 """
 
 from __future__ import annotations

@@ -286,24 +286,32 @@ def config_key(name: str) -> str:
 
 def train_config(config: str | Path | RPTConfig, store: str | Path | None = None, out: str | Path | None = None,
                  **overrides: Any) -> RPTConfig:
-    """The RPTConfig `train` runs: `config` (a preset name, a YAML file or an RPTConfig), then store / out, then
-    `overrides` (see `config_key`). With a preset, the vocabulary is the store's tokenizer's unless overridden."""
+    """The RPTConfig `train` runs: `config` (a preset name, a YAML file, a run or checkpoint folder, the name of a
+    config shipped in rpt/configs, or an RPTConfig), then store / out, then `overrides` (see `config_key`). With a
+    preset, the vocabulary is the store's tokenizer's unless overridden."""
     import yaml
 
-    from rpt.config import PRESETS, RPTConfig
+    from rpt.config import PRESETS, ConfigError, RPTConfig, config_file, with_former_defaults
 
     if isinstance(config, RPTConfig):
         doc = config.to_dict()
     elif isinstance(config, str) and config in PRESETS:
         doc = {"preset": config}
-    elif Path(config).is_file():
+    else:
         from rpt.utils import load_yaml
 
-        doc = load_yaml(Path(config).read_text(), f"config {config}") or {}
+        try:
+            path, recorded = config_file(config, "config")
+        except ConfigError:
+            from rpt.config import shipped_configs
+
+            raise argument_error("config", config, f"not a preset ({', '.join(PRESETS)}), a YAML file, a run or "
+                                 f"checkpoint folder, or a shipped config ({', '.join(shipped_configs())})") from None
+        doc = load_yaml(path.read_text(), f"config {path}") or {}
         if not isinstance(doc, dict):
             raise argument_error("config", config, "not a YAML mapping")
-    else:
-        raise argument_error("config", config, f"neither a preset ({', '.join(PRESETS)}) nor a YAML file")
+        if recorded:
+            doc = with_former_defaults(doc)
     values = {"data.store": None if store is None else str(store), "train.out_dir": None if out is None else str(out)}
     values.update({config_key(k): v for k, v in overrides.items()})
     for key, value in values.items():

@@ -325,7 +325,7 @@ def config_file(ref: str | Path, name: str = "config") -> tuple[Path, bool]:
     if "/" not in str(ref) and shipped.is_file() and str(ref) not in SIZE_NAMES:
         return shipped, False
     raise ConfigError(f"{name} {ref}: no such file or folder, nor a shipped config (shipped: "
-                      f"{', '.join(shipped_configs())}; presets are named with --preset)")
+                      f"{', '.join(shipped_configs())})")
 
 
 def load_config(ref: str | Path, name: str = "config") -> RPTConfig:

@@ -185,7 +185,6 @@ def _check_test_labels(s: SweepSettings, cfg, test_labels: Path) -> None:
 def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | None) -> None:
     """What `rpt train` would refuse hours into the sweep, refused now: labels that do not fit the store and config,
     a step that does not fit in memory."""
-    import torch
 
     from rpt.data.store import StoreError
     from rpt.labels.store import LabelError
@@ -198,8 +197,9 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
     except (StoreError, LabelError, LabelMismatch) as e:
         raise UserError(f"{variant}: {e}") from None
     if not args.no_memory_check:
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        check_fits(cfg, device)
+        from rpt.commands.options import resolve_device
+
+        check_fits(cfg, resolve_device(args.device))
 
 
 def plan(s: SweepSettings) -> Plan:

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rpt.config import PRESETS, RPTConfig  # noqa: E402
+from rpt.config import CONFIG_DIR, PRESETS, RPTConfig, shipped_configs  # noqa: E402
 
 PAGE = ROOT / "docs" / "configuration.md"
 SECTIONS = {"model": "ModelConfig", "data": "DataConfig", "train": "TrainConfig", "eval": "EvalConfig"}
@@ -134,6 +134,17 @@ def render() -> str:
             for key, value in values.items():
                 flat[f"{section}.{key}"] = value
         out.append(f"| `{name}` | {cell(', '.join(f'`{k}={json.dumps(v)}`' for k, v in flat.items()))} |")
+    out += ["", "Each preset is a YAML file in `rpt/configs/` (`tiny.yaml` ... `1b.yaml`); a `-paper` preset is its size "
+            "with the paper's model as printed (`rpt.config.PAPER_MODEL`).", "", "## Shipped configs", "",
+            "`--config NAME` in `rpt train`, `prepare`, `label`, `dpr` and `eval` (or `rpt.train(NAME, ...)`) reads "
+            "`rpt/configs/NAME.yaml`; `--config` also takes a YAML file or a run or checkpoint folder. `label` and "
+            "`dpr` take the segment length, training span and store from it, and refuse a flag that contradicts it; "
+            "`eval` takes its `eval` section as defaults. `rpt train --config NAME --print-config` prints the whole "
+            "config.", "", "| config | what it is |", "|---|---|"]
+    for name in shipped_configs():
+        text = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()
+        first = " ".join(line.lstrip("# ").strip() for line in text[:2] if line.startswith("#"))
+        out.append(f"| `{name}` | {cell(first.split(': ')[0] if ': ' in first else first)} |")
     out += ["", "### Parameter counts", "", PARAMS.strip(), ""]
     return "\n".join(out)
 

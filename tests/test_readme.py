@@ -63,7 +63,7 @@ def write_corpus(path: Path) -> None:
     folder = Path(json.__file__).parent
     splits = ["train", "train", "train", "validation", "test"]
     with open(path, "w") as f:
-        for name, split in zip(names, splits):
+        for name, split in zip(names, splits, strict=True):
             text = (folder / name).read_text() + "\n" + (Path(os.__file__)).read_text()[:20000]
             f.write(json.dumps({"id": name, "split": split, "text": text}) + "\n")
 
@@ -125,3 +125,19 @@ def test_every_readme_command_parses(line):
     from rpt.cli import build_parser
 
     build_parser().parse_args(shlex.split(line)[1:])
+
+
+def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
+    """The README's Python API block, run as written in a folder holding `my_docs/` (a few long text files)."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_docs").mkdir()
+    folder = Path(json.__file__).parent
+    for name in ("decoder.py", "encoder.py", "scanner.py", "__init__.py", "tool.py", "../os.py", "../ast.py"):
+        (tmp_path / "my_docs" / f"{Path(name).stem}.txt").write_text((folder / name).read_text())
+    text = README.read_text()
+    section = text[text.index("## Python API"):text.index("## Results")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    exec(compile(code, "README.md (Python API)", "exec"), {"__name__": "readme"})
+    assert (tmp_path / "runs" / "mine" / "config.yaml").is_file() and (tmp_path / "exported" / "mine").is_dir()
