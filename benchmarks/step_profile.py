@@ -24,9 +24,9 @@ import torch
 
 
 def main(argv: list[str]) -> None:
-    from rpt.bench import machine
     from rpt.config import RPTConfig
     from rpt.data.tokenizer import Tokenizer
+    from rpt.experiments.bench import machine
     from rpt.labels.store import LabelStore
     from rpt.model.rpt import RPT
     from rpt.train.data import BatchStream, SequenceDataset, open_store

@@ -5,9 +5,9 @@ import mmap
 
 import pytest
 
-from rpt.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
 from rpt.cli import main
 from rpt.config import RPTConfig
+from rpt.experiments.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
 from rpt.train.memory import estimate_step_memory
 
 
@@ -75,7 +75,7 @@ def test_peak_rss_is_reset_between_variants():
 def test_bench_scale_compile_both_compares_within_each_mode(monkeypatch):
     """--compile both: every variant eager and compiled; time_vs_xl within a mode, compile_speedup per variant
     (measure_step scripted here; tests/train/test_train_loop.py compiles for real)."""
-    import rpt.bench as B
+    import rpt.experiments.bench as B
 
     secs = {("xl", False): 1.0, ("rpt-sem", False): 2.0, ("xl", True): 0.5, ("rpt-sem", True): 2.5}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-import rpt.bench as bench
+import rpt.experiments.bench as bench
 from rpt.cli import main
 from rpt.config import VARIANTS
 

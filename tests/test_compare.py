@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rpt.cli import main
-from rpt.compare import _fmt, compare, group_settings, load_results, paper_row, to_markdown
 from rpt.config import RPTConfig
+from rpt.experiments.compare import _fmt, compare, group_settings, load_results, paper_row, to_markdown
 from rpt.utils import UserError
 
 

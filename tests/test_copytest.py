@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rpt.cli import main
-from rpt.copytest import CopyTestSettings, far_distance, run_copytest
+from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytest
 
 
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
@@ -41,7 +41,7 @@ def test_far_repeats_lie_beyond_xl_reach_for_any_segment_and_span():
 
 
 def test_a_far_corpus_other_than_the_default_gets_its_own_store_and_runs():
-    from rpt.copytest import _far_tag
+    from rpt.experiments.copytest import _far_tag
 
     assert _far_tag(CopyTestSettings()) == "" and _far_tag(CopyTestSettings(far_p=0.5)) == "-p0.5"
 

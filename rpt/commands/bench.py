@@ -82,7 +82,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from rpt.bench import bench_scale, format_scale
+    from rpt.experiments.bench import bench_scale, format_scale
     from rpt.utils import UserError, write_json_atomic
 
     variants = _variants(args)
@@ -122,7 +122,7 @@ def _variants(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
     """--device (resolved) and the machine's description, printed."""
-    from rpt.bench import machine
+    from rpt.experiments.bench import machine
 
     device = args.device
     info = machine()
@@ -132,7 +132,7 @@ def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
 
 def _kernels(args: argparse.Namespace) -> int:
 
-    from rpt.kernels import format_kernels, probe_kernels
+    from rpt.experiments.kernels import format_kernels, probe_kernels
     from rpt.utils import write_json_atomic
 
     variants = _variants(args)
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         from rpt.utils import UserError
 
         raise UserError(f"--rounds {args.rounds}: expected 1 or more")
-    from rpt.bench import run_bench
+    from rpt.experiments.bench import run_bench
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
               segment_len=128 if args.segment_len is None else (args.segment_len or None), batch_size=args.batch_size,

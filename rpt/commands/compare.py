@@ -1,4 +1,5 @@
-"""`rpt compare`: the paper's comparison tables (Tables 2-4 layout) from `rpt eval` results, over seeds (rpt/compare.py)."""
+"""`rpt compare`: the paper's comparison tables (Tables 2-4 layout) from `rpt eval` results, over seeds
+(rpt/experiments/compare.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rpt.compare import DOMAINS
+    from rpt.experiments.compare import DOMAINS
 
     p.add_argument("results", nargs="+", metavar="RESULT", help="`rpt eval` result JSONs, or folders searched for them")
     p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
@@ -31,7 +32,7 @@ def _step(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.compare import compare, load_results, to_markdown
+    from rpt.experiments.compare import compare, load_results, to_markdown
     from rpt.utils import write_json_atomic
 
     table = compare(load_results(args.results), args.paper, args.step)

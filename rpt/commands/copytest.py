@@ -1,5 +1,5 @@
 """`rpt copytest`: does retrieval work? xl copies near repeats; retro, rpt-lex and rpt-sem must copy far ones
-(rpt/copytest.py)."""
+(rpt/experiments/copytest.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ORDER = 75
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from rpt.commands.options import add_set
-    from rpt.copytest import CopyTestSettings
+    from rpt.experiments.copytest import CopyTestSettings
 
     d = CopyTestSettings()
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for stores, runs and copytest.json (default {d.out})")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
     from rpt.commands.options import parse_sets
     from rpt.config import RETRIEVING, RPTConfig
-    from rpt.copytest import CopyTestSettings, far_distance, run_copytest
+    from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.utils import parse_seeds
 
     seeds = parse_seeds(args.seeds)

@@ -11,7 +11,7 @@ ORDER = 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rpt.demo import DemoSettings
+    from rpt.experiments.demo import DemoSettings
 
     d = DemoSettings()
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for the store, runs and results (default {d.out})")
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.demo import DemoSettings, run_demo
+    from rpt.experiments.demo import DemoSettings, run_demo
     from rpt.utils import UserError, parse_seeds
 
     seeds = parse_seeds(args.seeds)

@@ -299,7 +299,7 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
 
 def tabulate(s: SweepSettings, p: Plan) -> dict[str, Any]:
     """The `rpt compare` table of this sweep's results only (other files in OUT/eval are left out)."""
-    from rpt.compare import compare, load_results, to_markdown
+    from rpt.experiments.compare import compare, load_results, to_markdown
 
     table = compare(load_results(p.results), s.paper, p.step)
     text = to_markdown(table)

@@ -177,8 +177,8 @@ def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch
     """The SDPA kernels one variant's model takes, at a preset and length: in the training forward (model in train
     mode, the chunked LM loss, retro fed random neighbours) and in cached evaluation of an `eval_tokens`-token document
     (default: seq_len; 0 skips it), under bf16 autocast when `precision` is bf16 on a GPU."""
-    from rpt.bench import scale_config
     from rpt.eval.perplexity import evaluate_document
+    from rpt.experiments.bench import scale_config
     from rpt.model.registry import build_model
     from rpt.train.losses import forward_lm
 

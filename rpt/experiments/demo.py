@@ -57,7 +57,7 @@ def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
 
 def _copy_argv(s: DemoSettings) -> tuple[list[str], Path]:
     """The copy part's `rpt copytest` command line and the summary file it writes."""
-    from rpt.copytest import CopyTestSettings, summary_path
+    from rpt.experiments.copytest import CopyTestSettings, summary_path
 
     cs = CopyTestSettings(out=s.out / "copy", steps=s.copy_steps, near_steps=s.copy_near_steps, variants=s.copy_variants,
                           seeds=s.seeds, near_every_seed=False, **COPY_SIZE)
@@ -265,7 +265,7 @@ def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
     """Rows of the copy part from `rpt copytest`'s summary: per model, mean ± sd over seeds of the whole-document
     perplexity with its own neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), and the
     copy advantage loss(fresh) - loss(repeat-tail) in nats."""
-    from rpt.copytest import OWN_SOURCE
+    from rpt.experiments.copytest import OWN_SOURCE
 
     rows: dict[str, Any] = {}
     for setting, variant in [("near", "xl"), ("far", "xl")] + [("far", v) for v in copy["settings"]["variants"]]:

@@ -269,7 +269,8 @@ def measure_step(**spec: Any) -> dict[str, Any]:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "rpt.bench", "probe", json.dumps(spec)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "rpt.experiments.bench", "probe", json.dumps(spec)], capture_output=True,
+                         text=True)
     if res.returncode:
         why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
         if res.returncode < 0:
@@ -439,7 +440,7 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
     print(format_eval(results["eval_scaling"]), flush=True)
 
     if not skip_labels:
-        from rpt.labels.bench import format_report, run_benchmark
+        from rpt.experiments.bench_labels import format_report, run_benchmark
 
         results["labels"] = run_benchmark(sizes=label_sizes, device=dev)
         print(format_report(results["labels"]), flush=True)
@@ -483,11 +484,12 @@ def format_eval(r: dict[str, Any]) -> str:
 
 
 
-if __name__ == "__main__":  # `python -m rpt.bench probe '<json>'`: one measured step in a fresh process (measure_step)
+# `python -m rpt.experiments.bench probe '<json>'`: one measured step in a fresh process (measure_step)
+if __name__ == "__main__":
     import json
     import sys
 
     if len(sys.argv) == 3 and sys.argv[1] == "probe":
         print(json.dumps(probe_step(**json.loads(sys.argv[2]))))
     else:
-        raise SystemExit("usage: python -m rpt.bench probe '<json spec>' (used by rpt bench --scale)")
+        raise SystemExit("usage: python -m rpt.experiments.bench probe '<json spec>' (used by rpt bench --scale)")
