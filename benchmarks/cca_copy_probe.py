@@ -1,5 +1,5 @@
 """CCA copy probe: can CCA learn to copy from oracle neighbours?
-(docs/results/archive.md#what-was-wrong-before-the-copy-test-passed-and-what-each-change-did)
+(docs/results/archive.md#cca-changes-and-probe-settings-for-the-copy-test-one-at-a-time)
 
 A plain training loop (no labels, no scheduled sampling) on fresh synthetic copy documents every step, feeding retro
 the oracle neighbour of every repeated chunk, so only CCA is on trial. Prints the loss per chunk class every 25 steps.
