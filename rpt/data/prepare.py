@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from rpt.data.corpora import SPLITS, Corpus, Document, Skips, load_corpus, normalize_split
-from rpt.data.store import StoreError, StoreWriter, TokenStore
+from rpt.data.store import StoreError, StoreWriter, TokenStore, build_path, old_path, real_folder
 from rpt.data.tokenizer import DEFAULT_SAMPLE_BYTES, Tokenizer, load_tokenizer
 from rpt.locks import folder_lock
 from rpt.utils import argument_error, write_json_atomic
@@ -317,29 +317,12 @@ def _reusable_in_build(build: Path, splits: list[str], tokenizer: Tokenizer, chu
 # The whole-store swap of `--force`
 
 
-def _real(out: Path) -> Path:
-    """The folder itself (through a symlink, so that the swap happens where the store is)."""
-    return Path(os.path.realpath(out))
-
-
-def build_path(out: Path) -> Path:
-    """Where `--force` builds the new store: a hidden sibling of `out`."""
-    out = _real(out)
-    return out.parent / f".{out.name}.build"
-
-
-def old_path(out: Path) -> Path:
-    """Where the old store waits, between the two renames of a swap, until what it shares is moved over."""
-    out = _real(out)
-    return out.parent / f".{out.name}.old"
-
-
 def swap_in(build: Path, out: Path) -> list[str]:
     """Put the complete store `build` in the place of `out`; returns the old splits dropped (see `_finish_swap`).
 
     Renaming `out` aside is the commit point: a run killed after it is finished by the next run (`recover_swap`),
     one killed before it leaves `out` untouched."""
-    out, old = _real(out), old_path(out)
+    out, old = real_folder(out), old_path(out)
     if out.exists():
         os.replace(out, old)
     os.replace(build, out)
@@ -348,7 +331,7 @@ def swap_in(build: Path, out: Path) -> list[str]:
 
 def recover_swap(out: Path) -> list[str]:
     """Finish a swap that a killed `rpt prepare --force` left half done (the old store aside, the new one complete)."""
-    out, old, build = _real(out), old_path(out), build_path(out)
+    out, old, build = real_folder(out), old_path(out), build_path(out)
     if not old.exists():
         return []
     if not out.exists():

@@ -32,6 +32,27 @@ class StoreError(RuntimeError):
     """A token store is missing, incomplete, or does not match the tokenizer/config it is used with."""
 
 
+# The folders of a store rebuilt in place (rpt.data.prepare's swap); TokenStore.open names them when a swap was cut short
+
+
+def real_folder(out: Path) -> Path:
+    """The folder itself (through a symlink, so that the swap happens where the store is)."""
+    return Path(os.path.realpath(out))
+
+
+def build_path(out: Path) -> Path:
+    """Where `rpt prepare --force` builds the new store: a hidden sibling of `out`."""
+    out = real_folder(out)
+    return out.parent / f".{out.name}.build"
+
+
+def old_path(out: Path) -> Path:
+    """Where `rpt prepare --force` puts the old store aside: it waits there, between the two renames of a swap, until
+    what it shares is moved over."""
+    out = real_folder(out)
+    return out.parent / f".{out.name}.old"
+
+
 @dataclass
 class TokenStore:
     """A read-only view of one split: `store.document(d)` is a memmapped token array."""
@@ -48,8 +69,6 @@ class TokenStore:
         mpath = path / "manifest.json"
         if not mpath.exists():
             partial = path.parent / f".{path.name}.partial"
-            from rpt.data.prepare import old_path  # the --force swap's aside folder
-
             swapped = old_path(path.parent)
             hint = f" (an interrupted run left {partial}; run `rpt prepare` again)" if partial.exists() else ""
             if swapped.exists():
