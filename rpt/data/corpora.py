@@ -58,50 +58,17 @@ import struct
 import sys
 import sysconfig
 import zlib
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
+from rpt.data.documents import SPLIT_ALIASES, SPLITS, Corpus, Document, Skips, normalize_split  # noqa: F401 (re-exported)
 from rpt.utils import require
 
-SPLITS = ("train", "validation", "test")
 SPLIT_FRACTIONS = (0.90, 0.05, 0.05)
-_SPLIT_ALIASES = {"train": "train", "validation": "validation", "valid": "validation", "val": "validation",
-                  "dev": "validation", "test": "test"}
-
-
-class Document(NamedTuple):
-    id: str
-    text: str
-
-
-@dataclass
-class Skips:
-    """Inputs that were not turned into documents: reason -> count, with the first few ids for the report."""
-
-    counts: Counter = field(default_factory=Counter)
-    examples: dict[str, list[str]] = field(default_factory=dict)
-    max_examples: int = 5
-
-    def add(self, reason: str, item: str) -> None:
-        self.counts[reason] += 1
-        ex = self.examples.setdefault(reason, [])
-        if len(ex) < self.max_examples:
-            ex.append(item)
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {r: {"count": n, "examples": self.examples.get(r, [])} for r, n in sorted(self.counts.items())}
-
-    def __str__(self) -> str:
-        if not self.counts:
-            return "none"
-        return ", ".join(f"{r}: {n} (e.g. {', '.join(self.examples.get(r, [])[:2])})" for r, n in sorted(self.counts.items()))
 
 
 def split_hash(key: str) -> float:
@@ -144,13 +111,6 @@ def ranked_splits(sizes: dict[str, int], min_heldout: int = HELDOUT_MIN_CHARS) -
     return out
 
 
-def normalize_split(name: str) -> str:
-    try:
-        return _SPLIT_ALIASES[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}") from None
-
-
 def read_text(path: Path) -> tuple[str | None, str]:
     """(text, "") or (None, reason) with reason "binary" (a NUL byte) or "undecodable" (not UTF-8)."""
     data = path.read_bytes()
@@ -179,32 +139,6 @@ def _walk(root: Path, suffix: str | None = None) -> list[Path]:
     return out
 
 
-class Corpus(ABC):
-    """Long documents grouped into splits. `documents(split)` streams them; nothing is held in memory."""
-
-    spec: str
-    splits: tuple[str, ...] = SPLITS
-
-    @abstractmethod
-    def documents(self, split: str, skips: Skips | None = None) -> Iterator[Document]:
-        """Documents of `split` in a fixed order; inputs that cannot be read are counted in `skips`."""
-
-    def identity(self) -> dict[str, Any]:
-        """What a store's manifest records about its source (compared when a store is reused)."""
-        return {"spec": self.spec}
-
-    def provenance(self) -> dict[str, Any]:
-        """Where the text came from and under which licence, for the store's manifest (not compared on reuse):
-        e.g. the Debian packages read, with version and licence. Empty where the spec says it all."""
-        return {}
-
-    def _check_split(self, split: str) -> str:
-        split = normalize_split(split)
-        if split not in self.splits:
-            raise ValueError(f"corpus {self.spec!r} has no split {split!r} (it has {', '.join(self.splits)})")
-        return split
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Plain files
 
@@ -222,8 +156,8 @@ class TextFolderCorpus(Corpus):
         if not self.root.is_dir():
             raise FileNotFoundError(f"corpus folder {self.root} does not exist")
         self.spec = spec or str(root)
-        self.split_dirs = {_SPLIT_ALIASES[p.name.lower()]: p for p in sorted(self.root.iterdir())
-                           if p.is_dir() and p.name.lower() in _SPLIT_ALIASES}
+        self.split_dirs = {SPLIT_ALIASES[p.name.lower()]: p for p in sorted(self.root.iterdir())
+                           if p.is_dir() and p.name.lower() in SPLIT_ALIASES}
         if self.split_dirs:
             self.splits = tuple(s for s in SPLITS if s in self.split_dirs)
 
@@ -282,7 +216,7 @@ class JsonlCorpus(Corpus):
                 else:
                     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                         reason = "no_text"
-                    elif rec.get("split") is not None and str(rec["split"]).lower() not in _SPLIT_ALIASES:
+                    elif rec.get("split") is not None and str(rec["split"]).lower() not in SPLIT_ALIASES:
                         reason = "bad_split"
                 if reason:
                     if split_of(where) == split:
@@ -483,7 +417,7 @@ class HFCorpus(Corpus):
             ds = self._load(None, streaming=True)
             self._source_splits = {}
             for s in ds.keys():
-                ours = _SPLIT_ALIASES.get(s.lower())
+                ours = SPLIT_ALIASES.get(s.lower())
                 if ours is not None:
                     self._source_splits[ours] = s
             if not self._source_splits:

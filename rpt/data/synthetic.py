@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rpt.data.corpora import Corpus, Document, Skips
+from rpt.data.documents import Corpus, Document, Skips
 
 SETTINGS = {
     "copy-near": {"min_distance": 1, "max_distance": 1},
