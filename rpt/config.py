@@ -222,6 +222,13 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs
     # torch.compile the model in place (its state_dict keys do not change); the first update pays the compilation
     compile: bool = False
+    # run each decoder layer under torch.utils.checkpoint: a layer keeps only its input for the backward pass and
+    # computes its forward again there (the same loss and gradients; about a third more compute per step)
+    activation_checkpointing: bool = False
+    # start from another run's weights: a run folder (its newest checkpoint), a checkpoint folder or its
+    # model.safetensors; the tensors whose name and shape match are loaded (not the optimiser, step or RNG), the rest
+    # initialised as usual. A run that resumes from checkpoints in out_dir ignores it. Empty: from scratch
+    init_from: str = ""
     out_dir: str = "runs/rpt"
     checkpoint_every: int = 100
     keep_last: int = 3
@@ -231,6 +238,10 @@ class TrainConfig:
     val_sequences: int = 16
     log_every: int = 10
     tensorboard: bool = False
+    # log the scalars of log.jsonl to Weights & Biases too (pip install 'rpt[wandb]'): online when logged in, else
+    # offline (and with WANDB_MODE=offline); an unreachable W&B falls back to offline, never stops the run
+    wandb: bool = False
+    wandb_project: str = "rpt"
 
 
 @dataclass
@@ -272,6 +283,8 @@ class RPTConfig:
             raise ConfigError(f"data.chunk_size={self.data.chunk_size} != model.chunk_size={self.model.chunk_size}")
         if self.data.seq_len % self.model.segment_len:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is not a multiple of model.segment_len={self.model.segment_len}")
+        if self.train.wandb and not self.train.wandb_project.strip():
+            raise ConfigError("train.wandb_project must name a W&B project when train.wandb is on")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -393,7 +406,7 @@ _READ_ONLY_BY = {
 
 
 # config fields that name a folder: two configs naming it by a relative and an absolute path are the same setting
-PATH_FIELDS = ("data.store", "train.out_dir")
+PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from")
 
 
 def resolve_paths(flat: dict[str, Any]) -> dict[str, Any]:

@@ -11,15 +11,43 @@ Dimension letters: B batch, T tokens, S segment length, D width, V vocabulary.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin, set_attention_dropout
 from rpt.train.losses import Sum, lm_loss, lm_loss_chunked
+
+
+@dataclass
+class RPTOutput:
+    """What `forward` / `step` of every variant return (`SegmentDecoder`, `rpt.model.rpt.RPT`); the fields a
+    variant does not compute stay None.
+
+    logits            [B, T, V]; None when forward computed the LM loss itself (loss_chunk > 0)
+    lm                (summed NLL, number of targets) of the LM loss, computed in chunks (forward with loss_chunk)
+    retrieval_scores  [B, C, C] s_q(c_j) for query chunk i, -inf where j is not retrievable (forward, rpt-* only)
+    neighbor_ids      [B, C, K] chunk ids CCA used (-1 = empty slot); None for xl
+    top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
+    gates             [B, C, K] neighbour gate values
+    chunk_start       index of the first chunk the per-chunk fields describe (0 for forward)
+    loss              forward with labels: the mean next-token cross-entropy (a scalar), else None
+    """
+
+    logits: torch.Tensor | None
+    lm: Sum | None = None
+    retrieval_scores: torch.Tensor | None = None
+    neighbor_ids: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_scores: torch.Tensor | None = None
+    gates: torch.Tensor | None = None
+    chunk_start: int = 0
+    loss: torch.Tensor | None = None
 
 
 class TiedLM:
@@ -30,6 +58,16 @@ class TiedLM:
     embed: nn.Embedding
     drop: nn.Dropout
     norm: RMSNorm
+    # run each decoder layer under torch.utils.checkpoint in training (`set_activation_checkpointing`)
+    activation_checkpointing: bool = False
+
+    def _run_layer(self, layer: nn.Module, *args: Any) -> torch.Tensor:
+        """layer(*args); with activation checkpointing on, in training with gradients enabled, through the
+        non-reentrant torch.utils.checkpoint: the layer keeps only its inputs for the backward pass and runs its
+        forward again there (the RNG state replayed, so dropout draws the same masks)."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():  # type: ignore[attr-defined]
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
@@ -53,6 +91,21 @@ class TiedLM:
         pre-flight memory estimate, rpt.train.memory). xl's layers; a variant with other layers says what they keep
         (the retrieval path of retro / rpt is counted apart, by the estimate)."""
         return T * cfg.n_layers * cls.attention_layer_elements(cfg, math_attention)
+
+    @classmethod
+    def largest_layer_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """What the one layer keeping most keeps of `layer_activation_elements`: xl's layers are alike, and a variant
+        whose layers are xl's but one (memorizing's kNN layer, block-recurrent's recurrent layer) counts everything
+        beyond xl's in that one. A variant with other layers says so."""
+        xl_layer = T * cls.attention_layer_elements(cfg, math_attention)
+        return cls.layer_activation_elements(cfg, T, math_attention) - (cfg.n_layers - 1) * xl_layer
+
+    @classmethod
+    def checkpointed_layer_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """`layer_activation_elements` under activation checkpointing: every layer keeps only its input, D per token
+        at each of the n_layers boundaries, and in the backward pass one layer at a time runs again and holds what it
+        keeps without checkpointing: the largest layer's, at the peak."""
+        return T * cfg.n_layers * cfg.d_model + cls.largest_layer_elements(cfg, T, math_attention)
 
     @classmethod
     def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
@@ -87,6 +140,19 @@ class TiedLM:
             return None, lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, targets, loss_mask, loss_chunk)
         logits = self._logits(x)[:, :T]
         return logits, (lm_loss(logits, targets, loss_mask) if labels is not None else None)
+
+
+def set_activation_checkpointing(model: nn.Module, on: bool = True) -> None:
+    """Turn activation checkpointing of the decoder layers on or off (train.activation_checkpointing) in the model of
+    any variant (`TiedLM`), also inside a wrapper (DDP, torch.compile). The function the model computes, and its
+    gradients, stay the same; a training step keeps one layer's activations instead of all of them and runs each
+    layer's forward twice. A model without decoder layers of this package is a ValueError."""
+    found = [m for m in model.modules() if isinstance(m, TiedLM)]
+    if not found:
+        raise ValueError(f"activation checkpointing: {type(model).__name__} is not a model of rpt.model (no decoder "
+                         "layers to checkpoint)")
+    for m in found:
+        m.activation_checkpointing = on
 
 
 def label_targets(labels: torch.Tensor, input_ids: torch.Tensor,
@@ -155,12 +221,10 @@ class SegmentDecoder(TiedLM, nn.Module):
         (as `RPT.forward`). labels [B, T] (usually input_ids): `out.loss` is the mean next-token cross-entropy,
         position t scored on labels[t + 1], -100 not scored. The retrieval arguments exist for the common contract:
         neighbour ids are refused, n_neighbors / retrieve_k ignored (evaluation passes n_neighbors to every variant)."""
-        from rpt.model.rpt import RPTOutput
-
         self._no_neighbours(neighbor_ids, use_supplied)
         x, rot = self._embed_segments(input_ids)  # [B, Tp, D]
         for layer in self.layers:
-            x = layer(x, rot)
+            x = self._run_layer(layer, x, rot)
         logits, lm = self._lm_head(x, input_ids, loss_chunk, loss_mask, labels)
         return RPTOutput(logits=logits, lm=lm, loss=mean_loss(lm) if labels is not None else None)
 
@@ -170,8 +234,6 @@ class SegmentDecoder(TiedLM, nn.Module):
              retrieve_k: int | None = None):
         """Continue the documents in `cache` with input_ids [B, n] (any n >= 1) -> logits [B, n, V]. Pieces never
         cross a segment boundary (the windows roll there, and memories and states move on): n / S pieces."""
-        from rpt.model.rpt import RPTOutput
-
         self._no_neighbours(neighbor_ids, use_supplied)
         S = self.cfg.segment_len
         logits = []

@@ -351,6 +351,14 @@ class Griffin(SegmentDecoder):
         return T * (attention + recurrent)
 
     @classmethod
+    def largest_layer_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
+        """The larger of an A layer's and an R layer's, among the kinds the pattern stacks."""
+        kinds = {cfg.griffin_pattern[i % len(cfg.griffin_pattern)] for i in range(cfg.n_layers)}
+        per_kind = {"A": cls.attention_layer_elements(cfg, math_attention),
+                    "R": 4 * cfg.d_model + 4 * cfg.mlp_hidden + 18 * rnn_width(cfg)}
+        return T * max(per_kind[k] for k in kinds)
+
+    @classmethod
     def temporary_bytes(cls, cfg: ModelConfig, batch: int, T: int) -> int:
         """The scan's fp32 transients for one R layer at a time, [B, T, R] each, at their peak in backward: the shifted
         and flipped log a and gradient, their padded chunk-order copies, exp(log a), the intra-chunk states, the

@@ -25,37 +25,11 @@ from torch import nn
 from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
-from rpt.model.decoder import TiedLM, draw_seed, mean_loss
+from rpt.model.decoder import RPTOutput, TiedLM, draw_seed, mean_loss
 from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, set_attention_dropout
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
-from rpt.train.losses import Sum
-
-
-@dataclass
-class RPTOutput:
-    """What `forward` / `step` return.
-
-    logits            [B, T, V]; None when forward computed the LM loss itself (loss_chunk > 0)
-    lm                (summed NLL, number of targets) of the LM loss, computed in chunks (forward with loss_chunk)
-    retrieval_scores  [B, C, C] s_q(c_j) for query chunk i, -inf where j is not retrievable (forward, rpt-* only)
-    neighbor_ids      [B, C, K] chunk ids CCA used (-1 = empty slot); None for xl
-    top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
-    gates             [B, C, K] neighbour gate values
-    chunk_start       index of the first chunk the per-chunk fields describe (0 for forward)
-    loss              forward with labels: the mean next-token cross-entropy (a scalar), else None
-    """
-
-    logits: torch.Tensor | None
-    lm: Sum | None = None
-    retrieval_scores: torch.Tensor | None = None
-    neighbor_ids: torch.Tensor | None = None
-    top_ids: torch.Tensor | None = None
-    top_scores: torch.Tensor | None = None
-    gates: torch.Tensor | None = None
-    chunk_start: int = 0
-    loss: torch.Tensor | None = None
 
 
 @dataclass
@@ -236,7 +210,7 @@ class RPT(TiedLM, nn.Module):
         x, rot = self._embed_segments(input_ids)  # [B, Tp, D], padded to whole segments
         Tp = x.shape[1]
         for layer in self.lower:
-            x = layer(x, rot)
+            x = self._run_layer(layer, x, rot)
         out = RPTOutput(logits=x)
         nkv = None
         if cfg.uses_retrieval:
@@ -264,7 +238,7 @@ class RPT(TiedLM, nn.Module):
             nkv = row.shifted()
             out.neighbor_ids = chosen[:, : T // M]
         for layer in self.upper:
-            x = layer(x, rot, nkv, 0)
+            x = self._run_layer(layer, x, rot, nkv, 0)
         out.logits, out.lm = self._lm_head(x, input_ids, loss_chunk, loss_mask, labels)
         if labels is not None:
             out.loss = mean_loss(out.lm)

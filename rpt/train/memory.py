@@ -17,6 +17,9 @@ its backward pass, in bytes:
   layers (`layer_activation_elements`): the baselines add the kNN layer's retrieved keys and values (memorizing),
   the state cell (block-recurrent), and count Griffin's recurrent blocks as such, plus the largest working set a
   layer allocates and frees inside itself (`temporary_bytes`: Griffin's scan transients, the kNN search's scores);
+- under activation checkpointing (`train.activation_checkpointing`) the **layers** term is each layer's input (D per
+  token at each of the n_layers boundaries) plus one layer's activations, the largest layer's, which that layer holds
+  again while its backward runs (`checkpointed_layer_elements`); of the retrieval term only one CCA layer's part;
 - **retrieval** (retrieving variants, `retrieval_elements`): the 2K neighbour tokens per query token through query
   augmentation and every CCA layer, CCA's attention rows (math path on a CPU: its mask carries the learned relative
   bias), the chunk encoder, and the [B, C, C] retrieval scores (C chunks) with the LambdaRank terms over them,
@@ -99,10 +102,13 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
     else:
         logits = 3 * 4 * B * T * m.vocab_size
     cls = model_class(m.variant)
-    layers = act * B * cls.layer_activation_elements(m, T, math_attention(m, device)) + cls.temporary_bytes(m, B, T)
+    ckpt = t.activation_checkpointing
+    per_layer = cls.checkpointed_layer_elements if ckpt else cls.layer_activation_elements
+    layers = act * B * per_layer(m, T, math_attention(m, device)) + cls.temporary_bytes(m, B, T)
     retrieval = 0
     if m.uses_retrieval:
-        retrieval = int(act * B * T * retrieval_elements(m, device)) + 4 * 4 * B * (T // m.chunk_size) ** 2
+        retrieval = (int(act * B * T * retrieval_elements(m, device, checkpointed=ckpt))
+                     + 4 * 4 * B * (T // m.chunk_size) ** 2)
     counted = states + logits + layers + retrieval
     fragmentation = (int((CPU_HEAP_FRAGMENTATION - 1) * counted)
                      if device == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ else 0)
@@ -116,7 +122,7 @@ def math_attention(m: ModelConfig, device: str) -> bool:
     return device == "cpu" and m.attention_dropout > 0
 
 
-def retrieval_elements(m: ModelConfig, device: str = "cpu") -> float:
+def retrieval_elements(m: ModelConfig, device: str = "cpu", checkpointed: bool = False) -> float:
     """Elements the retrieval path keeps for backward per query token (retro, rpt-lex, rpt-sem), as counted with
     saved-tensor hooks (tests/train/test_memory_estimate.py). Each M-token chunk reads K neighbours of 2M tokens: 2K
     neighbour tokens per query token.
@@ -132,6 +138,9 @@ def retrieval_elements(m: ModelConfig, device: str = "cpu") -> float:
       less the D a fused kernel keeps;
     - the chunk encoder of rpt-lex / rpt-sem: 9 D per token, and two [H, M] rows on the math path;
     - the rest (retrieval scores per chunk, pooled states, top-k): about 2 D.
+
+    `checkpointed` (activation checkpointing): CCA runs inside its decoder layer, so only the layer running its
+    backward holds its CCA part: one CCA layer's instead of every one's.
     """
     D, H, K, M = m.d_model, m.n_heads, m.n_neighbors, m.chunk_size
     math = math_attention(m, device)
@@ -140,7 +149,8 @@ def retrieval_elements(m: ModelConfig, device: str = "cpu") -> float:
     per_cca = 5 * nb * D + 6 * D + cca_rows
     augment = nb * (16 * D + (9 * H * M - D if math else 0)) + 4 * D if m.query_augmentation else 0
     encoder = 9 * D + (2 * H * M if math else 0) if m.has_retriever else 0
-    return nb * D + len(m.cca_layers) * per_cca + augment + encoder + 2 * D
+    n_cca = min(1, len(m.cca_layers)) if checkpointed else len(m.cca_layers)
+    return nb * D + n_cca * per_cca + augment + encoder + 2 * D
 
 
 def saved_tensor_bytes(cfg: RPTConfig, seed: int = 0) -> dict[str, int]:
@@ -154,6 +164,10 @@ def saved_tensor_bytes(cfg: RPTConfig, seed: int = 0) -> dict[str, int]:
     m, B, T = cfg.model, cfg.train.batch_size, cfg.data.seq_len
     torch.manual_seed(seed)
     model = build_model(m).train()
+    if cfg.train.activation_checkpointing:  # the hooks then see what stays saved outside the checkpointed layers
+        from rpt.model.decoder import set_activation_checkpointing
+
+        set_activation_checkpointing(model)
     where = ["(top)"]  # the module whose forward is running now, innermost last
 
     def enter(module: torch.nn.Module, args: Any, name: str) -> None:
@@ -224,9 +238,11 @@ def check_fits(cfg: RPTConfig, device: torch.device | str, available: int | None
     est = estimate_step_memory(cfg, device.type)
     available = available_bytes(device) if available is None else available
     if available is not None and est.total > MARGIN * available:
+        checkpointing = ("" if cfg.train.activation_checkpointing
+                         else ", turn on train.activation_checkpointing (rpt train --activation-checkpointing)")
         raise UserError(
             f"a training step of this config needs {est.describe()} with data.seq_len={cfg.data.seq_len:,}, "
             f"train.batch_size={cfg.train.batch_size}, model.vocab_size={cfg.model.vocab_size:,} on {device.type}, but "
             f"{gib(available)} is available: lower data.seq_len or train.batch_size (train.grad_accum keeps the "
-            f"update size), or pass memory_check=False (rpt train --no-memory-check) to try anyway")
+            f"update size){checkpointing}, or pass memory_check=False (rpt train --no-memory-check) to try anyway")
     return est
