@@ -173,7 +173,7 @@ def gold_ids(labels: LabelRows, kind: str, k: int) -> np.ndarray:
 
 def bm25_causal(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """BM25 with the query chunk c_q alone among its retrievable chunks, causal statistics (idf and average length of
-    the retrievable chunks only): the ids of `rpt.eval.perplexity.bm25_neighbors` (what `rpt eval --source bm25` and
+    the retrievable chunks only): the ids of `rpt.labels.bm25.bm25_neighbors` (what `rpt eval --source bm25` and
     retro generation use), with their scores. Returns ids int64 [C, k] (-1 none) and scores float32 [C, k] (-inf)."""
     from rpt.labels.bm25 import bm25_weights, chunk_term_matrix, topk_rows
 

@@ -189,7 +189,7 @@ def sample_next(logits: torch.Tensor, cfg: GenerateConfig, generators: Sequence[
 class Bm25Neighbours:
     """RETRO's neighbours at generation: BM25 with the finished chunk c_q alone as the query, among the chunks
     retrievable for it, with causal statistics (idf and average length from those retrievable chunks only): exactly
-    `rpt eval --source bm25` (`rpt.eval.perplexity.bm25_neighbors`), so generation sees what evaluation measured.
+    `rpt eval --source bm25` (`rpt.labels.bm25.bm25_neighbors`), so generation sees what evaluation measured.
 
     A chunk's ids depend only on text up to its own end, so they never change as text is added, and do not depend on
     where the prompt ended. `ids()` is the `neighbor_ids` argument of `model.step` ([B, C, K], document-absolute,
@@ -197,9 +197,9 @@ class Bm25Neighbours:
 
     def __init__(self, n_rows: int, chunk_size: int, segment_len: int, k: int) -> None:
         try:
-            from rpt.eval.perplexity import bm25_neighbors
+            from rpt.labels.bm25 import bm25_neighbors
         except ImportError as e:  # someone else's module: fail with what is missing
-            raise UserError("retro generation needs BM25 neighbours at every chunk (rpt.eval.perplexity.bm25_neighbors), "
+            raise UserError("retro generation needs BM25 neighbours at every chunk (rpt.labels.bm25.bm25_neighbors), "
                             f"which cannot be imported: {e}") from e
         self._bm25 = bm25_neighbors
         self.M, self.S, self.k = chunk_size, segment_len, k

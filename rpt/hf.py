@@ -134,7 +134,7 @@ def _bm25_forward_ids(input_ids: torch.Tensor, cfg: ModelConfig, k: int) -> torc
     `rpt eval --source bm25`; a chunk's ids depend only on the text up to its end)."""
     import numpy as np
 
-    from rpt.eval.perplexity import bm25_neighbors
+    from rpt.labels.bm25 import bm25_neighbors
 
     rows = [bm25_neighbors(np.asarray(r, dtype=np.int64), cfg.chunk_size, cfg.segment_len, k) for r in input_ids.tolist()]
     return torch.from_numpy(np.stack(rows)).long().to(input_ids.device)

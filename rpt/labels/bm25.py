@@ -180,3 +180,34 @@ def bm25_candidates(tokens: np.ndarray, chunk_size: int, segment_len: int, k: in
         tail[np.arange(lo, n_cols)[None, :] > last[:, None]] = -np.inf  # the retrievable rule (rpt.chunks)
         ids[r0:r1], vals[r0:r1] = topk_rows(block, k)
     return ids, vals
+
+
+def bm25_neighbors(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int,
+                   statistics: Literal["causal", "document"] = "causal") -> np.ndarray:
+    """RETRO's inference-time neighbours [C, k] (evaluation's source "bm25", generation, DPR's training pairs): BM25
+    top-k with the query chunk c_q ONLY (never its target) among the
+    chunks retrievable for it (rpt.chunks). Document-absolute ids, best first, -1 = none (no shared token).
+
+    statistics="causal" (default): BM25's idf and average length come from the retrievable chunks themselves (the
+    index of the document so far), so nothing at or after the query chunk influences its neighbours.
+    statistics="document": `bm25_candidates(query="chunk")` over the whole document, whose idf counts
+    every chunk of the document, later ones included (the candidates obey the rule, the statistics do not).
+    Scores, the Lucene BM25 variant and the tie rule (later chunk first) are bm25_candidates' in both cases.
+    """
+    tokens = np.asarray(tokens)
+    if statistics == "document":
+        ids, _ = bm25_candidates(tokens, chunk_size, segment_len, k=k, query="chunk")
+        return ids.astype(np.int64)
+    if statistics != "causal":
+        raise ValueError(f"statistics must be causal or document, not {statistics!r}")
+    cps = chunks_per_segment(chunk_size, segment_len)
+    counts = chunk_term_matrix(tokens, chunk_size)  # [C, V'] term counts (the vocabulary map carries no statistics)
+    C = counts.shape[0]
+    ids = np.full((C, k), -1, np.int64)
+    for s0 in range(2 * cps, C, cps):  # one segment at a time: its chunks share one retrievable set 0..limit
+        limit = int(last_retrievable(s0, chunk_size, segment_len))
+        weights = bm25_weights(counts[: limit + 1])  # [limit+1, V'] idf, avgdl over the retrievable chunks only
+        scores = (counts[s0 : s0 + cps] @ weights.T).toarray()  # [<=cps, limit+1]
+        scores[scores <= 0] = -np.inf  # shares no token with the query: not a candidate
+        ids[s0 : s0 + cps] = topk_rows(scores, k)[0]
+    return ids

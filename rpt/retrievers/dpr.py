@@ -7,7 +7,7 @@ each CCA model was trained with (retro's BM25, rpt-lex's and rpt-sem's own retri
 
 What we do:
 - Training data (`mine_pairs`): every document of a store's train split; for each query chunk c_q, BM25's ranking of
-  the chunks retrievable for c_q (`rpt.eval.perplexity.bm25_neighbors`: query c_q only, causal statistics, the rule of
+  the chunks retrievable for c_q (`rpt.labels.bm25.bm25_neighbors`: query c_q only, causal statistics, the rule of
   `rpt.chunks`), positive = rank 1, hard negative = rank 5; a query with fewer than five ranked chunks is skipped.
 - Model (`DPREncoder`, `DPRRetriever`): BERT-base cannot be had offline and its WordPiece ids are not our store's ids,
   so each encoder is a small bidirectional transformer trained from scratch on the corpus's own token ids: token
@@ -460,7 +460,7 @@ class HFRetriever(ChunkRetriever):
 
 def dpr_neighbors(retriever: ChunkRetriever, tokens: np.ndarray, chunk_size: int, segment_len: int, k: int,
                   batch_size: int = 1024) -> np.ndarray:
-    """Inference-time neighbours [C, k] of one document, as `rpt.eval.perplexity.bm25_neighbors`: for each query chunk
+    """Inference-time neighbours [C, k] of one document, as `rpt.labels.bm25.bm25_neighbors`: for each query chunk
     c_q, the k chunks retrievable for it (rpt.chunks: nothing at or after its rule's limit) with the largest inner
     product <query_encoder(c_q), passage_encoder(c)>; document-absolute ids int64, best first, -1 where fewer than k
     chunks are retrievable. C = len(tokens) // chunk_size (a trailing partial chunk is dropped).
@@ -529,7 +529,7 @@ def mine_pairs(store, segment_len: int, *, max_documents: int = 0, seed: int = 0
     deterministic given the store, segment_len, max_documents and seed."""
     from tqdm.auto import tqdm
 
-    from rpt.eval.perplexity import bm25_neighbors
+    from rpt.labels.bm25 import bm25_neighbors
 
     M = store.chunk_size
     chunks_per_segment(M, segment_len)
