@@ -222,6 +222,73 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     model.load_state_dict(read_weights(path), strict=True)
 
 
+@dataclass
+class WeightInit:
+    """What `load_matching` did: the checkpoint folder read (and its step, None for a bare weights folder), and the
+    names of the model's tensors it loaded, those it left as built (not in the checkpoint), and the checkpoint's
+    tensors the model has no place for."""
+
+    checkpoint: Path
+    step: int | None
+    loaded: list[str]
+    initialised: list[str]
+    dropped: list[str]
+
+    def summary(self) -> str:
+        """One line: the source and how many tensors were loaded, initialised and dropped, by module."""
+        step = f" (step {self.step})" if self.step is not None else ""
+        parts = [f"loaded {len(self.loaded)} tensors"]
+        for what, names in (("newly initialised", self.initialised), ("dropped", self.dropped)):
+            parts.append(f"{what} {len(names)}" + (f" ({', '.join(module_names(names))})" if names else ""))
+        return f"weights from {self.checkpoint}{step}: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint": str(self.checkpoint), "step": self.step, "loaded": self.loaded,
+                "initialised": self.initialised, "dropped": self.dropped}
+
+
+def module_names(names: list[str], limit: int = 8) -> list[str]:
+    """Tensor names grouped by the module holding them, layer numbers folded: layers.2.cca.q.weight, layers.3.cca.out.weight
+    -> layers.*.cca; at most `limit`, then how many more."""
+    groups: list[str] = []
+    for n in names:
+        parts = re.sub(r"\.\d+(?=\.|$)", ".*", n).split(".")
+        g = ".".join(parts[:3] if parts[0] == "layers" else parts[:1])
+        if g not in groups:
+            groups.append(g)
+    return groups[:limit] + ([f"{len(groups) - limit} more"] if len(groups) > limit else [])
+
+
+def load_matching(model: nn.Module, path: str | Path) -> WeightInit:
+    """Load into `model` the tensors of a checkpoint (`resolve_checkpoint`: a run folder, a checkpoint folder or its
+    model.safetensors) that it has under the same name with the same shape: a model started from another's weights,
+    e.g. rpt-sem from an xl run (its retriever, chunk encoder, CCA and gate are not in xl: they keep their
+    initialisation) or the same variant trained further. Only the weights are read, never the optimiser or RNG.
+
+    A UserError when a name both hold has another shape in each (every such name listed, up to five: models of another
+    width, vocabulary or head layout), or when no name matches (not a checkpoint of a model like this one)."""
+    folder = resolve_checkpoint(path)
+    source = read_weights(folder / "model.safetensors")
+    own = model.state_dict()
+    clash = [f"{k} {tuple(source[k].shape)} there, {tuple(own[k].shape)} here" for k in own
+             if k in source and source[k].shape != own[k].shape]
+    if clash:
+        more = f"; and {len(clash) - 5} more" if len(clash) > 5 else ""
+        n = f"{len(clash)} weights have" if len(clash) > 1 else "1 weight has"
+        raise UserError(f"{folder}: {n} another shape than in this model: {'; '.join(clash[:5])}"
+                        f"{more}. Start from a checkpoint of a model of the same width, vocabulary and heads")
+    loaded = [k for k in own if k in source]
+    if not loaded:
+        raise UserError(f"{folder}: none of its {len(source)} weights ({', '.join(module_names(sorted(source), 4))}) is "
+                        f"named as one of this model's ({', '.join(module_names(list(own), 4))}): not a checkpoint of a "
+                        "model like this one")
+    missing, unexpected = model.load_state_dict({k: source[k] for k in loaded}, strict=False)
+    assert not unexpected, unexpected
+    state = read_state(folder)
+    return WeightInit(checkpoint=folder, step=int(state["step"]) if "step" in state else None, loaded=loaded,
+                      initialised=list(missing), dropped=[k for k in source if k not in own])
+
+
 # --------------------------------------------------------------------------------------------------------------
 # RNG
 

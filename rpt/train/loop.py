@@ -7,7 +7,11 @@ global batch (tokens for L_LM, LambdaRank pairs for L_ret): their denominators a
 ranks *before* the forward passes (they depend on the data only), and every micro-batch's sum is divided by them in
 `losses.normalise`. Metrics are reduced the same way: numerators and denominators summed over ranks, divided once.
 
-Side effects (log, TensorBoard, progress bar, checkpoints) happen on rank 0 only.
+Side effects (log, TensorBoard, W&B, progress bar, checkpoints) happen on rank 0 only.
+
+train.init_from starts a new run from another run's weights (`rpt.checkpoint.load_matching`: the tensors whose name
+and shape match); what was loaded, left initialised and dropped is printed and kept in <out_dir>/init.json.
+train.activation_checkpointing runs each decoder layer under torch.utils.checkpoint (`set_activation_checkpointing`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class TrainResult:
     out_dir: Path
     checkpoint: Path | None  # the newest checkpoint
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged line
+    init: ckpt_io.WeightInit | None = None  # what train.init_from loaded (None: from scratch, or a resumed run)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -140,12 +145,15 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 class RunLog:
-    """JSONL always (``<out_dir>/log.jsonl``), TensorBoard when asked, a tqdm bar when `progress`."""
+    """JSONL always (``<out_dir>/log.jsonl``), TensorBoard and W&B (`rpt.train.tracking`) when asked, a tqdm bar when
+    `progress`. `wandb`: the run's config, whose train.wandb_project names the W&B project (None: no W&B)."""
 
-    def __init__(self, out_dir: Path, start: int, total: int, enabled: bool, tensorboard: bool, progress: bool) -> None:
+    def __init__(self, out_dir: Path, start: int, total: int, enabled: bool, tensorboard: bool, progress: bool,
+                 wandb: RPTConfig | None = None) -> None:
         self.enabled = enabled
         self.path = out_dir / "log.jsonl"
         self.tb = None
+        self.wandb = None
         self.bar = None
         if not enabled:
             return
@@ -157,6 +165,10 @@ class RunLog:
             from rpt.utils import require
 
             self.tb = require("torch.utils.tensorboard", "train.tensorboard").SummaryWriter(str(out_dir / "tensorboard"))
+        if wandb is not None:
+            from rpt.train.tracking import WandbLog
+
+            self.wandb = WandbLog(out_dir, wandb, wandb.train.wandb_project)
         if progress:
             from tqdm.auto import tqdm
 
@@ -171,6 +183,8 @@ class RunLog:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):
                     self.tb.add_scalar(f"train/{k}", v, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(row)
         if self.bar is not None:
             self.bar.set_postfix(lm=f"{row['lm_loss']:.3f}", refresh=False)
 
@@ -183,6 +197,8 @@ class RunLog:
             self.bar.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 # metric slots summed per step and over a log window: numerators and their denominators
@@ -290,6 +306,8 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     on_step: called on every rank after each update with (updates done, that step's metrics).
     memory_check: refuse, before anything is built, a config whose step cannot fit in the memory available
         (rpt.train.memory: the estimate and its parts are in the message).
+    cfg.train.init_from: start from that run's or checkpoint's weights (those whose name and shape match; ignored when
+        resuming); TrainResult.init says what was loaded.
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
     """
     cfg.validate()  # ranges included (rpt.config.check_ranges): a config changed after it was built is checked again
@@ -328,6 +346,10 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
     validation = _validation_set(store_root if store_root is not None else cfg.data.store, cfg) if tc.val_every else None
+    if tc.wandb and info.is_main:
+        from rpt.train.tracking import require_wandb
+
+        require_wandb()
 
     last = ckpt_io.latest_intact(out_dir)  # a damaged newer checkpoint is skipped with a warning naming it
     if last is not None and not resume:
@@ -336,10 +358,21 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     if cp is not None and (diff := _model_difference(cp.config, cfg)):
         raise ValueError(f"{last} was trained with another model config ({diff}); resume with the same model or "
                          "another out_dir")
+    init_source = _init_source(tc.init_from, store) if tc.init_from and cp is None else None  # resuming ignores it
 
     # ---- model, optimiser, state
     _seed_everything(tc.seed)
     model = model_factory(mcfg).to(dev)
+    init = None
+    if init_source is not None:
+        try:
+            init = ckpt_io.load_matching(model, init_source)
+        except UserError as e:
+            raise UserError(f"train.init_from {tc.init_from}: {e}") from None
+    if tc.activation_checkpointing:
+        from rpt.model.decoder import set_activation_checkpointing
+
+        set_activation_checkpointing(model)
     if tc.compile:
         if fsdp:
             raise ValueError("train.compile with fsdp is not supported: compile without fsdp (rpt train --fsdp), or turn "
@@ -368,10 +401,13 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                       stacklevel=2)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
 
-    log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress)
+    log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress, cfg if tc.wandb else None)
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         cfg.to_yaml(out_dir / "config.yaml")
+        if init is not None:
+            (out_dir / "init.json").write_text(json.dumps({"init_from": tc.init_from, **init.to_dict()}, indent=1) + "\n")
+            print(f"rpt train: {init.summary()}", flush=True)
         # the run records its tokenizer, so eval/generate can refuse a store tokenized differently
         tok = next((p / "tokenizer.json" for p in (store.path, store.path.parent) if (p / "tokenizer.json").is_file()), None)
         if tok is not None:
@@ -480,7 +516,24 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                 break
     finally:
         log.close()
-    return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row)
+    return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row, init=init)
+
+
+def _init_source(init_from: str, store: Any) -> Path:
+    """The checkpoint folder train.init_from names (`rpt.checkpoint.resolve_checkpoint`), checked before anything is
+    built: it exists and is intact, and was trained on tokens of the store's tokenizer where both record theirs."""
+    try:
+        folder = ckpt_io.resolve_checkpoint(init_from)
+        theirs = ckpt_io.checkpoint_tokenizer(folder)
+    except UserError as e:
+        raise UserError(f"train.init_from {init_from}: {e}") from None
+    mine = store.tokenizer_id
+    if theirs and mine.get("hash") and theirs.get("hash") and theirs["hash"] != mine["hash"]:
+        raise UserError(f"train.init_from {init_from}: {folder} was trained on tokens of tokenizer {theirs.get('name')} "
+                        f"({theirs['hash'][:12]}), the store {store.path} holds {mine.get('name')} "
+                        f"({mine['hash'][:12]}): its embeddings would mean other tokens. Start from a run on this "
+                        "tokenizer")
+    return folder
 
 
 # --------------------------------------------------------------------------------------------------------------
