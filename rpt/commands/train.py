@@ -16,7 +16,8 @@ _FLAGS = {
     "variant": "model.variant", "vocab_size": "model.vocab_size", "seq_len": "data.seq_len", "steps": "train.steps",
     "batch_size": "train.batch_size", "grad_accum": "train.grad_accum", "lr": "train.lr", "seed": "train.seed",
     "optimizer": "train.optimizer", "precision": "train.precision", "out": "train.out_dir", "store": "data.store",
-    "val_every": "train.val_every",
+    "val_every": "train.val_every", "init_from": "train.init_from",
+    "activation_checkpointing": "train.activation_checkpointing", "wandb": "train.wandb",
 }
 
 
@@ -40,6 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="train.seed")
     p.add_argument("--val-every", type=int, metavar="N", help="validation loss on the store's validation split every N "
                    "updates and at the end, the best checkpoint kept in <out>/best (train.val_every; default 0: never)")
+    p.add_argument("--init-from", metavar="RUN_OR_CHECKPOINT",
+                   help="start from another run's weights (its newest checkpoint, or the checkpoint named): those whose "
+                   "name and shape match this model's are loaded, the rest initialised; not its optimiser, step or RNG. "
+                   "Ignored when --out holds checkpoints (the run resumes) (train.init_from)")
+    p.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute each decoder layer's activations in the backward pass instead of keeping them: far "
+                   "less memory, about a third more compute (train.activation_checkpointing)")
+    p.add_argument("--wandb", action="store_true", default=None,
+                   help="log the scalars of log.jsonl to Weights & Biases too, offline without a login or with "
+                   "WANDB_MODE=offline (train.wandb; project train.wandb_project; pip install 'rpt[wandb]')")
     p.add_argument("--optimizer", choices=["adamw", "adabelief"], help="train.optimizer")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16 autocast on GPUs)")
     p.add_argument("--vocab-size", type=int, help="model.vocab_size (default with --preset, or a --config naming a preset: the "
