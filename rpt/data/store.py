@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rpt.utils import WriteFailed, error_line, write_failure, write_json_atomic
+from rpt.utils import UserError, WriteFailed, error_line, write_failure, write_json_atomic
 
 FORMAT_VERSION = 1
 
@@ -168,6 +168,17 @@ def _read_offsets(path: Path, manifest: dict[str, Any], cure: str) -> np.ndarray
         raise StoreError(f"{path} is damaged: {len(offsets) - 1:,} documents where the manifest records {n_docs:,}; "
                          f"{cure}")
     return offsets
+
+
+def open_split(store_root: str | Path, split: str) -> TokenStore:
+    """<root>/<split>/ of an `rpt prepare` root, or `store_root` itself when it is a store folder; a missing or
+    damaged store is a UserError."""
+    root = Path(store_root)
+    path = root if (root / "manifest.json").exists() and not (root / split).exists() else root / split
+    try:
+        return TokenStore.open(path)
+    except StoreError as e:
+        raise UserError(str(e)) from None
 
 
 @dataclass

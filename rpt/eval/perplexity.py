@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
 from rpt.chunks import pool_size
 from rpt.config import check_neighbors
-from rpt.data.store import StoreError, TokenStore
+from rpt.data.store import TokenStore, open_split
 from rpt.eval import analysis, metrics
 from rpt.eval.memory import MemoryKind, make_memory, memory_name
 from rpt.labels.bm25 import bm25_neighbors
@@ -393,16 +393,6 @@ def read_result(path: str | Path, arg: str, per_chunk: bool = False) -> dict[str
     if per_chunk and not result["eval"].get("per_chunk"):
         raise argument_error(arg, p, "has no per-chunk data; evaluate it again with {per_chunk=True}")
     return result
-
-
-def open_split(store_root: str | Path, split: str) -> TokenStore:
-    """<root>/<split>/ of an `rpt prepare` root, or `store_root` itself when it is a store folder."""
-    root = Path(store_root)
-    path = root if (root / "manifest.json").exists() and not (root / split).exists() else root / split
-    try:
-        return TokenStore.open(path)
-    except StoreError as e:
-        raise UserError(str(e)) from None
 
 
 def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", n_neighbors: int = 2,

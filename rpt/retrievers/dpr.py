@@ -617,12 +617,10 @@ def pair_accuracy(retriever: ChunkRetriever, tokens: np.ndarray, starts: np.ndar
 
 
 def _open_store(store, split: str):
-    from rpt.data.store import TokenStore
+    from rpt.data.store import TokenStore, open_split
 
     if isinstance(store, TokenStore):
         return store
-    from rpt.eval.perplexity import open_split
-
     return open_split(store, split)
 
 
