@@ -23,10 +23,9 @@ from rpt import hf_auto
 from rpt.config import RPTConfig
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from rpt.api import EvalResult, evaluate, load, prepare
+    from rpt.api import EvalResult, LoadedModel, evaluate, load, prepare
     from rpt.api import generate as generate
     from rpt.api import train as train
-    from rpt.generate import LoadedModel
     from rpt.model.registry import build_model
     from rpt.model.rpt import RPT
 
@@ -40,7 +39,7 @@ hf_auto.install()  # registers with transformers' Auto classes when transformers
 # (rpt.utils.callable_module): rpt.generate(...) runs rpt.api.generate, rpt.train(...) rpt.api.train.
 _LAZY = {"RPT": ("rpt.model.rpt", "RPT"), "build_model": ("rpt.model.registry", "build_model"),
          "load": ("rpt.api", "load"), "evaluate": ("rpt.api", "evaluate"), "prepare": ("rpt.api", "prepare"),
-         "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.generate", "LoadedModel"),
+         "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.api", "LoadedModel"),
          "generate": ("rpt.generate", None), "train": ("rpt.train", None)}
 
 

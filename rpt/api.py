@@ -17,22 +17,84 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpt.utils import argument_error
+from rpt.utils import UserError, argument_error
 
 if TYPE_CHECKING:
+    import torch
+
     from rpt.config import RPTConfig
     from rpt.data.prepare import PrepareSummary
-    from rpt.generate import LoadedModel
+    from rpt.data.tokenizer import Tokenizer
+    from rpt.generate import GenerateConfig
+    from rpt.model.rpt import RPT
     from rpt.train.loop import TrainResult
 
-__all__ = ["EvalResult", "evaluate", "generate", "is_exported", "load", "prepare", "train"]
+__all__ = ["EvalResult", "LoadedModel", "evaluate", "generate", "is_exported", "load", "prepare", "train"]
 
 
 # --------------------------------------------------------------------------------------------------------------
 # loading
+
+
+@dataclass
+class LoadedModel:
+    """A trained model ready for inference (`rpt.load`): the model (eval mode), its run config, its tokenizer (None
+    when none was found) and the folder it came from (a checkpoint folder, or an exported Hugging Face folder)."""
+
+    model: RPT
+    config: RPTConfig
+    tokenizer: Tokenizer | None
+    path: Path  # the checkpoint folder
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 200, **options) -> str | list[str]:
+        """Continue `prompt` (text; a list of texts gives a list): `rpt.generate` with this model."""
+        return generate(self, prompt, max_new_tokens=max_new_tokens, **options)
+
+    def evaluate(self, store_or_documents, **options):
+        """Perplexity over a token store's split or a list of documents: `rpt.evaluate` with this model."""
+        return evaluate(self, store_or_documents, **options)
+
+    def export(self, out: str | Path, force: bool = False) -> Path:
+        """Write this checkpoint as a Hugging Face folder (`rpt.export.export`); returns `out`."""
+        from rpt.export import export
+
+        return export(self.path, out, force=force)
+
+
+def encode_prompts(loaded: LoadedModel, prompts: Sequence[str], cfg: GenerateConfig) -> tuple[list[list[int]], GenerateConfig]:
+    """(token ids of each text prompt, `cfg` with the tokenizer's end-of-text id and vocabulary size filled in): the
+    checks `rpt generate` and `rpt.generate` share (a tokenizer to encode with, prompts that encode to tokens)."""
+    tok = loaded.tokenizer
+    if tok is None:
+        raise argument_error("tokenizer", problem=f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in "
+                             f"the checkpoint or run folder, nor beside data.store {loaded.config.data.store}): pass one")
+    if not prompts or any(not p.strip() for p in prompts):
+        raise UserError("empty prompt: give some text to continue")
+    ids = [tok.encode(p) for p in prompts]
+    if any(not x for x in ids):
+        raise UserError("empty prompt: it encodes to no tokens")
+    cfg = dataclasses.replace(cfg, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
+    if cfg.stop_at_eos and cfg.eos_id is None:
+        raise argument_error("stop_at_eos", True, "the tokenizer has no end-of-text token")
+    return ids, cfg
+
+
+def load_model(path: str | Path, device: str = "cpu", tokenizer: str | Path | None = None,
+               allow_other_tokenizer: bool = False) -> LoadedModel:
+    """A checkpoint (its folder, its model.safetensors, or a run folder: the newest checkpoint) as a LoadedModel, in
+    eval mode on `device` (`rpt.generate.load_checkpoint`: the tokenizer found and checked). The one place
+    generation and the explorer load models."""
+    from rpt.generate import load_checkpoint
+
+    return LoadedModel(*load_checkpoint(path, device, tokenizer, allow_other_tokenizer))
 
 
 def is_exported(path: str | Path) -> bool:
@@ -53,11 +115,9 @@ def load(path: str | Path, device: str | None = None, *, tokenizer: str | Path |
     path: a run folder (its newest intact checkpoint), a checkpoint folder (runs/<name>/checkpoints/step_N), its
     model.safetensors, or a folder written by `rpt export` (Hugging Face layout). tokenizer: a tokenizer.json to use
     instead of the one found beside the checkpoint (refused unless it is the one the run recorded, or
-    allow_other_tokenizer=True). Returns an `rpt.generate.LoadedModel`: `.model`, `.tokenizer`, `.config`, `.path`,
+    allow_other_tokenizer=True). Returns a `LoadedModel`: `.model`, `.tokenizer`, `.config`, `.path`,
     and `.generate(text)`, `.evaluate(store_or_documents)`, `.export(out)`."""
     import torch
-
-    from rpt.generate import load_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not Path(path).exists():
@@ -72,7 +132,6 @@ def _load_exported(path: Path, device: str, tokenizer: str | Path | None) -> Loa
     as the export recorded them (defaults where it did not)."""
     from rpt.config import ConfigError, RPTConfig, from_dict
     from rpt.data.tokenizer import Tokenizer
-    from rpt.generate import LoadedModel
     from rpt.hf import RPTForCausalLM
 
     hf = RPTForCausalLM.from_pretrained(str(path))
@@ -94,7 +153,6 @@ def _load_exported(path: Path, device: str, tokenizer: str | Path | None) -> Loa
 def _loaded(model_or_path: Any, device: str | None = None, tokenizer: Any = None) -> LoadedModel:
     """A LoadedModel from what a caller passed: one already (returned as is), a path (`load`), or a bare model
     (an nn.Module from `rpt.build_model`, with `tokenizer`: an rpt Tokenizer or a tokenizer.json)."""
-    from rpt.generate import LoadedModel
 
     if isinstance(model_or_path, LoadedModel):
         return model_or_path
@@ -126,7 +184,7 @@ def generate(model: Any, prompt: str | Sequence[str], *, max_new_tokens: int = 2
     per chunk fed to CCA (default: the model's). ragged: prompts of different lengths run as separate batches
     ("separate") or are cut on the left to the shortest ("truncate"). memory: the document memory, "auto", "torch"
     or "faiss"."""
-    from rpt.generate import GenerateConfig, encode_prompts, memory_factory
+    from rpt.generate import GenerateConfig, memory_factory
     from rpt.generate import generate as generate_ids
 
     loaded = _loaded(model, device, tokenizer)

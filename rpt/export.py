@@ -142,7 +142,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     """Write the checkpoint at `path` (a checkpoint folder, its model.safetensors, or a run folder: its newest
     checkpoint) as a Hugging Face folder at `out`; returns `out`. `force` replaces an existing non-empty `out`."""
     from rpt.checkpoint import read_state
-    from rpt.generate import load_model
+    from rpt.generate import load_checkpoint
     from rpt.hf import RPTForCausalLM, hf_tokenizer
     from rpt.model.registry import spec
 
@@ -154,10 +154,9 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise argument_error("out", out, "exists and is not empty (pass {force=True} to replace it)")
     try:
-        loaded = load_model(path)
+        model, cfg, tok, folder = load_checkpoint(path)
     except UserError as e:
         raise argument_error("path", path, str(e)) from None
-    model, cfg, tok, folder = loaded.model, loaded.config, loaded.tokenizer, loaded.path
     mcfg = model.cfg
     state = read_state(folder)
     info = {"variant": mcfg.variant, "paper_row": spec(mcfg.variant).paper, "preset": preset_name(mcfg),

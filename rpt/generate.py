@@ -29,7 +29,6 @@ Called as a function, ``rpt.generate(model_or_path, "text", max_new_tokens=...)`
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -436,57 +435,6 @@ def generate(model: RPT, prompts: Sequence[Sequence[int]] | torch.Tensor, cfg: G
 # checkpoints
 
 
-@dataclass
-class LoadedModel:
-    """A trained model ready for inference (`rpt.load`): the model (eval mode), its run config, its tokenizer (None
-    when none was found) and the folder it came from (a checkpoint folder, or an exported Hugging Face folder)."""
-
-    model: RPT
-    config: RPTConfig
-    tokenizer: Tokenizer | None
-    path: Path  # the checkpoint folder
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 200, **options) -> str | list[str]:
-        """Continue `prompt` (text; a list of texts gives a list): `rpt.api.generate` with this model."""
-        from rpt.api import generate as generate_text
-
-        return generate_text(self, prompt, max_new_tokens=max_new_tokens, **options)
-
-    def evaluate(self, store_or_documents, **options):
-        """Perplexity over a token store's split or a list of documents: `rpt.api.evaluate` with this model."""
-        from rpt.api import evaluate
-
-        return evaluate(self, store_or_documents, **options)
-
-    def export(self, out: str | Path, force: bool = False) -> Path:
-        """Write this checkpoint as a Hugging Face folder (`rpt.export.export`); returns `out`."""
-        from rpt.export import export
-
-        return export(self.path, out, force=force)
-
-
-def encode_prompts(loaded: LoadedModel, prompts: Sequence[str], cfg: GenerateConfig) -> tuple[list[list[int]], GenerateConfig]:
-    """(token ids of each text prompt, `cfg` with the tokenizer's end-of-text id and vocabulary size filled in): the
-    checks `rpt generate` and `rpt.generate` share (a tokenizer to encode with, prompts that encode to tokens)."""
-    tok = loaded.tokenizer
-    if tok is None:
-        raise argument_error("tokenizer", problem=f"cannot find the tokenizer of {loaded.path} (no tokenizer.json in "
-                             f"the checkpoint or run folder, nor beside data.store {loaded.config.data.store}): pass one")
-    if not prompts or any(not p.strip() for p in prompts):
-        raise UserError("empty prompt: give some text to continue")
-    ids = [tok.encode(p) for p in prompts]
-    if any(not x for x in ids):
-        raise UserError("empty prompt: it encodes to no tokens")
-    cfg = dataclasses.replace(cfg, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
-    if cfg.stop_at_eos and cfg.eos_id is None:
-        raise argument_error("stop_at_eos", True, "the tokenizer has no end-of-text token")
-    return ids, cfg
-
-
 def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
     """The tokenizer file a checkpoint was trained with: tokenizer.json in the checkpoint or run folder, else the one
     beside the token store its config names (data.store); None when there is none."""
@@ -496,12 +444,13 @@ def find_tokenizer(folder: Path, cfg: RPTConfig) -> Path | None:
     return None
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None,
-               allow_other_tokenizer: bool = False) -> LoadedModel:
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", tokenizer: str | Path | None = None,
+                    allow_other_tokenizer: bool = False) -> tuple[RPT, RPTConfig, Tokenizer | None, Path]:
     """Load a checkpoint for inference (eval mode, on `device`): its folder, its model.safetensors, or a run folder
     (the newest checkpoint), through the shared `load_model` of rpt.checkpoint. The tokenizer is `tokenizer` if given, else
     found by `find_tokenizer` (None when nowhere to be found); it must be the one the run recorded (see
-    `check_tokenizer`). The one place generation and the explorer load models."""
+    `check_tokenizer`). Returns (model, its run config, the tokenizer or None, the checkpoint folder): what
+    `rpt.api.load_model` wraps in a LoadedModel and `rpt.export.export` writes."""
     from rpt.checkpoint import load_model as load_checkpoint
     from rpt.checkpoint import resolve_checkpoint
     from rpt.data.tokenizer import Tokenizer
@@ -514,7 +463,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", tokenizer: 
     tok = Tokenizer.from_file(tok_path) if tok_path is not None else None
     if tok is not None:
         check_tokenizer(tok, folder, cfg, allow_other_tokenizer)
-    return LoadedModel(model, cfg, tok, folder)
+    return model, cfg, tok, folder
 
 
 def check_tokenizer(tok: Tokenizer, folder: Path, cfg: RPTConfig, allow_other: bool = False) -> None:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import rpt  # noqa: E402
 from rpt import api  # noqa: E402
-from rpt.generate import LoadedModel  # noqa: E402
+from rpt.api import LoadedModel  # noqa: E402
 from rpt.model.registry import build_model  # noqa: E402
 from rpt.model.rpt import RPT  # noqa: E402
 

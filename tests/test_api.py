@@ -98,8 +98,8 @@ def test_argument_error_names_the_argument_or_the_flag():
 def test_python_callers_see_argument_names(tmp_path, capsys):
     with pytest.raises(ArgumentError, match=r"^path='[^']*nope': no such file or folder"):
         rpt.load(tmp_path / "nope")
+    from rpt.api import load_model
     from rpt.export import export
-    from rpt.generate import load_model
 
     with pytest.raises(ArgumentError, match=r"^checkpoint='[^']*nope': no such file"):
         load_model(tmp_path / "nope")

@@ -256,8 +256,8 @@ def checkpoint(tmp_path: Path) -> dict:
 
 
 def test_cli_generate_streams_and_matches_library(checkpoint, capsys):
+    from rpt.api import load_model
     from rpt.cli import main
-    from rpt.generate import load_model
 
     text = checkpoint["text"][:1200]
     rc = main(["generate", "--checkpoint", str(checkpoint["run"]), "--prompt", text, "--max-new-tokens", "70", "--greedy",

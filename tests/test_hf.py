@@ -134,7 +134,7 @@ def test_model_card(exported, store):
 def test_auto_greedy_generate_equals_rpt_generate(exported, store, variant, n_new):
     """A 300-token prompt (chunk 4 retrieves at prefill) and n_new tokens crossing the chunk boundaries at 320 and
     384 (also a segment boundary): generate() through the document cache gives our greedy tokens, one for one."""
-    from rpt.generate import load_model
+    from rpt.api import load_model
 
     folder = exported[variant]["folder"]
     model = AutoModelForCausalLM.from_pretrained(folder)

@@ -89,12 +89,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from rpt.api import load_model
     from rpt.cli import UserError
     from rpt.config import check_neighbors
     from rpt.data.store import StoreError, TokenStore
     from rpt.data.tokenizer import Tokenizer
     from rpt.explore import COMPARE, explore_document, render_html
-    from rpt.generate import load_model, memory_factory, read_text_file
+    from rpt.generate import memory_factory, read_text_file
 
     if (args.store is None) == (args.text is None):
         raise UserError("give the document with --store ROOT [--split S --doc D] or with --text FILE (one of them)")

@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from rpt.generate import ChunkEvent, TokenEvent, encode_prompts, generate, load_model, memory_factory
+    from rpt.api import encode_prompts, load_model
+    from rpt.generate import ChunkEvent, TokenEvent, generate, memory_factory
 
     cfg = sampling_config(args)
     prompts = read_prompts(args)
