@@ -10,20 +10,62 @@ import sys
 import rpt.commands
 from rpt.utils import UserError  # noqa: F401  (re-exported: verbs raise rpt.cli.UserError)
 
+DESCRIPTION = ("Retrieval-Pretrained Transformer: prepare, label, train, evaluate and generate with a long-document LM "
+               "that retrieves from itself.")
+DEVELOP_TITLE = "experiments that check and measure the code (rpt/experiments/)"
+
 
 def _verbs() -> list:
     mods = [importlib.import_module(f"rpt.commands.{m.name}") for m in pkgutil.iter_modules(rpt.commands.__path__)]
     return sorted((m for m in mods if hasattr(m, "run")), key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
 
 
+def verb_name(mod) -> str:
+    return mod.__name__.rsplit(".", 1)[1]
+
+
+def is_develop(mod) -> bool:
+    """A verb listed apart in `rpt --help` (GROUP = "develop"): an experiment, not a step of the pipeline."""
+    return getattr(mod, "GROUP", "use") == "develop"
+
+
+def _listing(mods: list, name_width: int, width: int) -> str:
+    """Verbs and their HELP as argparse lists subcommands: four spaces, the name padded to `name_width` + 2, the help
+    wrapped beside it."""
+    import textwrap
+
+    column = 4 + name_width + 2
+    lines = []
+    for m in mods:
+        text = textwrap.wrap(m.HELP, max(width - column, 20))
+        lines.append(f"    {verb_name(m):<{column - 4}}{text[0]}")
+        lines += [" " * column + line for line in text[1:]]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rpt", description="Retrieval-Pretrained Transformer: prepare, label, train, "
-                                     "evaluate and generate with a long-document LM that retrieves from itself.")
+    """`rpt`: the pipeline's verbs in the usual list; the experiments (GROUP = "develop") in a list of their own
+    after it, so a user sees the verbs of the pipeline first. Every verb parses and has --help alike."""
+    import shutil
+    import textwrap
+
+    verbs = _verbs()
+    width = max(shutil.get_terminal_size().columns - 2, 40)  # argparse's own width
+    develop = [m for m in verbs if is_develop(m)]
+    name_width = max(len(verb_name(m)) for m in verbs)  # one column for both lists
+    epilog = f"{DEVELOP_TITLE}:\n{_listing(develop, name_width, width)}" if develop else None
+    # the description is wrapped here: the raw formatter keeps the epilog's columns as they are
+    parser = argparse.ArgumentParser(prog="rpt", description=textwrap.fill(DESCRIPTION, width), epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"rpt {rpt.__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>")
-    for mod in _verbs():
-        name = mod.__name__.rsplit(".", 1)[1]
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", title="the pipeline",
+                                description="`rpt <verb> --help` lists a verb's options" + (
+                                    "; the experiments follow below" if develop else ""))
+    for mod in verbs:
+        name = verb_name(mod)
+        # an experiment gets no help= here: argparse then leaves it out of the pipeline's list (the epilog lists it)
+        extra = {} if is_develop(mod) else {"help": mod.HELP}
+        p = sub.add_parser(name, description=mod.HELP, **extra)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -8,6 +8,7 @@ from pathlib import Path
 HELP = ("benchmark side by side: training step time of each variant vs xl, eval time/memory vs length, labelling "
         "speed; --scale: step time, peak memory and the largest batch at a big preset (synthetic data)")
 ORDER = 90
+GROUP = "develop"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

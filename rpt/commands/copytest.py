@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 HELP = "the copy test: xl on near repeats (control); xl and retrieving variants on repeats beyond xl's reach, per seed"
-ORDER = 75
+ORDER = 85
+GROUP = "develop"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

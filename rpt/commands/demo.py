@@ -7,7 +7,8 @@ from pathlib import Path
 
 HELP = ("run the whole pipeline on the Python standard library (prepare, label, train four variants, evaluate, plot) "
         "and the copy test at a small size")
-ORDER = 0
+ORDER = 80
+GROUP = "develop"  # listed apart in `rpt --help`: an experiment of rpt/experiments/
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
