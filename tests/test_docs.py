@@ -134,3 +134,13 @@ def test_configuration_page_lists_every_field_with_its_default():
 @pytest.mark.parametrize("page", ["cli.md", "design.md", "corpora.md", "configuration.md", "results/index.md"])
 def test_docs_pages_exist(page):
     assert (ROOT / "docs" / page).is_file()
+
+
+def test_every_benchmark_is_listed_and_backs_a_documented_figure():
+    """benchmarks/README.md lists every script there, and each is named by a page of docs/ (where its figure is)."""
+    listing = (ROOT / "benchmarks" / "README.md").read_text()
+    pages = " ".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    assert scripts
+    assert not [s for s in scripts if f"| `{s}` |" not in listing], "benchmarks missing from benchmarks/README.md"
+    assert not [s for s in scripts if s not in pages], "benchmarks no page of docs/ names"
