@@ -61,7 +61,7 @@ def test_bench_scale_set_reaches_the_estimate(tmp_path, capsys):
     assert paper["rows"][0]["estimate_bytes"] > 1.5 * fused["rows"][0]["estimate_bytes"]
 
 
-@pytest.mark.parametrize("value, needle", [("model.nope=1", "model.nope"), ("attn_dropout=0", "dotted key"),
+@pytest.mark.parametrize("value, needle", [("model.nope=1", "model.nope"), ("attn_dropout=0", "SECTION.KEY=VALUE"),
                                            ("model.attn_dropout=lots", "model.attn_dropout")])
 def test_bench_scale_bad_set_is_one_line(value, needle, capsys):
     assert main(["bench", "--scale", "--estimate-only", "--variants", "xl", "--set", value]) == 2
