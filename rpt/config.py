@@ -406,6 +406,10 @@ _READ_ONLY_BY = {
 
 
 # config fields that name a folder: two configs naming it by a relative and an absolute path are the same setting
+# config keys that change no weight of a run (logging, checkpoint cadence, recomputation): two runs that differ only
+# in these are the same setting (`rpt sweep` resumes across them, `rpt compare` pools them)
+BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard", "train.wandb",
+               "train.wandb_project", "train.activation_checkpointing")
 PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from")
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from rpt.config import VARIANTS, RPTConfig
+from rpt.model.decoder import set_activation_checkpointing
 from rpt.model.registry import build_model, spec
 from rpt.train.memory import count_parameters
 from rpt.utils import UserError, write_json_atomic
@@ -216,6 +217,8 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     m, dev = cfg.model, torch.device(device)
     torch.manual_seed(seed)
     model = build_model(m).to(dev).train()
+    if cfg.train.activation_checkpointing:  # as the training loop does
+        set_activation_checkpointing(model)
     if compile:
         model.compile()  # as the training loop does with train.compile
     opt = build_optimizer(model, cfg.train)

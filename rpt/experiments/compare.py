@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpt.config import VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths, with_former_defaults
+from rpt.config import BOOKKEEPING, VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths, with_former_defaults
 from rpt.eval.metrics import bucket_lo
 from rpt.utils import UserError
 
@@ -66,8 +66,7 @@ PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.
                  "books3": {"bm25": (0.23, 0.55, 0.18), "rpt-lex": (0.19, 0.50, 0.16), "rpt-sem": (0.26, 0.58, 0.22)}}
 # what may differ between the results of one setting: the seed and run folder, bookkeeping, the chunked LM loss (the
 # same function: tests/model), and the training config's own eval section (the eval run's settings are in "eval")
-_IGNORED = ("train.seed", "train.out_dir", "train.log_every", "train.checkpoint_every", "train.keep_last",
-            "train.tensorboard", "train.loss_chunk")
+_IGNORED = ("train.seed", "train.out_dir", *BOOKKEEPING, "train.loss_chunk")
 METRICS = ("precision@2", "recall@10", "ndcg@20")
 # the rankings of `rpt eval --metrics`: the model's own retriever, then those that are the same for every model of a
 # split (BM25, a DPR-style retriever, and the chance levels and ceiling: recency, random, the oracle)

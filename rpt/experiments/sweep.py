@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rpt.config import BOOKKEEPING  # keys that may differ between a finished run and the plan
 from rpt.utils import UserError, write_json_atomic
 
 # flags of `rpt train` that the sweep controls, per run or for the whole sweep
 SWEEP_OWNED = ("--variant", "--seed", "--out", "--labels", "--no-resume", "--stop-after", "--no-progress", "--threads")
-# config keys that may differ between a finished run and the plan (bookkeeping: they change no weight)
-BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard")
 
 
 @dataclass
