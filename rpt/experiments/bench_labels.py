@@ -222,17 +222,10 @@ def bench_scorer(scorer: HFScorer, tokens: np.ndarray, tok, chunk_size: int = 64
     scorer.tokens_processed = 0
     sync()
     t0 = time.perf_counter()
-    target_scores(scorer, chunks, rows, ids[rows], decode=decode)  # encoding overlapped with scoring on a GPU
+    target_scores(scorer, chunks, rows, ids[rows], decode=decode)
     sync()
     t_ours = time.perf_counter() - t0
     n_tok = scorer.tokens_processed
-    t_serial = t_ours
-    if scorer.device.type == "cuda":  # the same with every block encoded before it is scored
-        sync()
-        t0 = time.perf_counter()
-        target_scores(scorer, chunks, rows, ids[rows], decode=decode, overlap=False)
-        sync()
-        t_serial = time.perf_counter() - t0
 
     # The same sequences, through a plain forward with all logits (right-padded, same batch size).
     contexts, targets = [], []
@@ -263,8 +256,7 @@ def bench_scorer(scorer: HFScorer, tokens: np.ndarray, tok, chunk_size: int = 64
     t_plain = time.perf_counter() - t0
     return {"scorer": scorer.name, "device": str(scorer.device), "dtype": str(scorer.dtype),
             "batch_size": scorer.batch_size, "queries": int(len(rows)), "sequences": len(seqs), "tokens": n_tok,
-            "ours_s": t_ours, "ours_tokens_per_s": n_tok / t_ours, "serial_s": t_serial,
-            "serial_tokens_per_s": n_tok / t_serial, "plain_s": t_plain,
+            "ours_s": t_ours, "ours_tokens_per_s": n_tok / t_ours, "plain_s": t_plain,
             "plain_tokens_per_s": plain_tokens / t_plain,
             "ratio_ours_over_plain": (n_tok / t_ours) / (plain_tokens / t_plain),
             "chunks_per_s": len(rows) / t_ours,
@@ -317,9 +309,6 @@ def format_report(results: dict[str, Any]) -> str:
                      f"chunks, {s['sequences']} sequences, {s['tokens']:,} tokens")
         lines.append(f"  target_scores {s['ours_tokens_per_s']:,.0f} tokens/s ({s['chunks_per_s']:.2f} query chunks/s)   "
                      f"plain forward {s['plain_tokens_per_s']:,.0f} tokens/s   ours/plain = {s['ratio_ours_over_plain']:.2f}x")
-        if s.get("serial_s", s["ours_s"]) != s["ours_s"]:
-            lines.append(f"  without overlapping encoding and scoring {s['serial_tokens_per_s']:,.0f} tokens/s: the overlap "
-                         f"gains {s['serial_s'] / s['ours_s']:.2f}x")
         lines.append(f"  projected: {s['hours_per_billion_tokens']:,.1f} device-hours to label a billion training tokens "
                      f"(1e9 / {s['chunk_size']} query chunks at this rate, one device)")
     return "\n".join(lines)

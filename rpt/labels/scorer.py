@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -75,7 +74,7 @@ def encode_text_pairs(tokenizer, chunk_texts: Sequence[str], contexts: Sequence[
         return [list(x) for x in enc_c], [list(x) for x in enc_t]
     texts = [c + t for c, t in zip(ctx_texts, tgt_texts, strict=True)]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
+    if backend is not None and backend.truncation is None and backend.padding is None:
         # The Rust tokenizer directly: the same ids and offsets as tokenizer(...) without its per-sequence Python
         # conversion (a third of the encoding time). The token holding the target's first character is the first
         # one ending after the context.
@@ -344,20 +343,13 @@ def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto",
     return CallableScorer(forward, name=str(folder), tokenizer=None, device=dev, batch_size=batch_size)
 
 
-PIPELINE_PAIRS = 512  # (context, target) pairs per block when encoding overlaps scoring
-
-
 def target_scores(scorer: Scorer, chunks: np.ndarray, queries: np.ndarray, candidates: np.ndarray,
-                  first_chunk: np.ndarray | int = 0, decode: DecodeBatch | None = None,
-                  overlap: bool | None = None) -> np.ndarray:
+                  first_chunk: np.ndarray | int = 0, decode: DecodeBatch | None = None) -> np.ndarray:
     """s_t of every candidate (§3.2).
 
     chunks: int [C, M] store token ids of the document's chunks; queries: int [R] query chunk indices i (each with a
     target i+1 < C); candidates: int [R, k] candidate chunk indices j, -1 = none; first_chunk: int or int [R], the
-    first chunk of each query's span (the baseline context does not reach before it); decode: store ids -> texts;
-    overlap: encode the next block of pairs on a CPU thread while the scorer runs the current one (default: when the
-    scorer is on a GPU, where the encoding would otherwise take as long as the forward; on a CPU the two would share
-    the cores). The scores do not depend on it beyond the float rounding of other batch shapes.
+    first chunk of each query's span (the baseline context does not reach before it); decode: store ids -> texts.
     Returns float32 [R, k]: log P(c_t | c_j, c_{j+1}, c_q) - log P(c_t | c_{i-2}, c_{i-1}, c_q); NaN where j = -1.
     """
     queries = np.asarray(queries, dtype=np.int64)
@@ -383,19 +375,8 @@ def target_scores(scorer: Scorer, chunks: np.ndarray, queries: np.ndarray, candi
             owner.append((row, int(s)))
     if not contexts:
         return out
-    chunks = np.asarray(chunks)
-    if overlap is None:
-        overlap = getattr(getattr(scorer, "device", None), "type", "cpu") == "cuda"
-    blocks = [slice(i, i + PIPELINE_PAIRS) for i in range(0, len(contexts), PIPELINE_PAIRS)] if overlap else [slice(None)]
-    logp: list[float] = []
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(scorer.encode_pairs, chunks, contexts[blocks[0]], targets[blocks[0]], decode)
-        for n in range(len(blocks)):
-            ctx_ids, tgt_ids = pending.result()
-            if n + 1 < len(blocks):  # encoded on the thread while the model scores block n
-                nxt = blocks[n + 1]
-                pending = pool.submit(scorer.encode_pairs, chunks, contexts[nxt], targets[nxt], decode)
-            logp += [float(np.sum(x, dtype=np.float64)) for x in scorer.target_logprobs(ctx_ids, tgt_ids)]
+    ctx_ids, tgt_ids = scorer.encode_pairs(np.asarray(chunks), contexts, targets, decode)
+    logp = [float(np.sum(x, dtype=np.float64)) for x in scorer.target_logprobs(ctx_ids, tgt_ids)]
     baseline = 0.0
     for (row, slot), lp in zip(owner, logp, strict=True):  # each query's baseline precedes its candidates
         if slot < 0:

@@ -110,24 +110,6 @@ def test_scorer_with_its_own_tokenizer_loaded_by_path(bpe, bpe_other, scorer_dir
         target_scores(scorer, chunks, queries, cands)
 
 
-def test_overlapped_encoding_gives_the_serial_scores(bpe, bpe_other, scorer_dir, monkeypatch):
-    """overlap=True (a GPU's default): blocks of pairs encoded on a thread while the previous block is scored; the
-    scores are the serial path's. Small blocks so that a handful of queries spans several."""
-    import rpt.labels.scorer as S
-
-    m = 16
-    chunks = np.array(bpe.encode(json_package_text()[:6000]).ids[: 24 * m]).reshape(24, m)
-    scorer = HFScorer.from_pretrained(scorer_dir, device="cpu", batch_size=4)
-    rng = np.random.default_rng(0)
-    queries = np.arange(3, 22)
-    cands = np.stack([np.where(rng.random(4) < 0.8, rng.integers(0, max(q - 1, 1), 4), -1) for q in queries])
-    serial = target_scores(scorer, chunks, queries, cands, decode=bpe.decode_batch, overlap=False)
-    monkeypatch.setattr(S, "PIPELINE_PAIRS", 7)
-    overlapped = target_scores(scorer, chunks, queries, cands, decode=bpe.decode_batch, overlap=True)
-    assert np.isfinite(serial).sum() > 40
-    np.testing.assert_allclose(overlapped, serial, atol=1e-5, equal_nan=True)
-
-
 def test_the_fast_encoding_path_equals_the_tokenizers_call(bpe, bpe_other):
     """encode_text_pairs reads ids and offsets from the Rust tokenizer directly; the result is what the transformers
     call with return_offsets_mapping gives, boundary tokens included."""
