@@ -14,8 +14,8 @@ GROUP = "develop"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from rpt.commands.options import add_device, add_set
 
-    p.add_argument("--store", type=Path, default=Path("runs/demo/store"),
-                   help="a `rpt prepare` root with train labels (default: the demo's, runs/demo/store)")
+    p.add_argument("--store", type=Path, help="the training benchmark's store: a `rpt prepare` root with train labels "
+                   "of both kinds at --seq-len's span (`rpt label --kind lex` and `--kind sem`)")
     p.add_argument("--labels-root", type=Path,
                    help="folder holding train-lex-<seq_len>/ and train-sem-<seq_len>/ (default <store>/labels)")
     p.add_argument("--preset", default="tiny", help="model preset of every benchmarked model (default tiny)")
@@ -169,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
 
         raise UserError(f"--rounds {args.rounds}: expected 1 or more")
     from rpt.experiments.bench import run_bench
+
+    if args.store is None:
+        from rpt.utils import UserError
+
+        raise UserError("--store is required for the training benchmark (or --scale / --kernels, which need none): a "
+                        "`rpt prepare` root with train labels of both kinds (docs/cli.md#rpt-demo-and-rpt-bench)")
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
               segment_len=128 if args.segment_len is None else (args.segment_len or None), batch_size=args.batch_size,

@@ -1,7 +1,7 @@
 """The experiments: drivers that run the library end to end to produce the documented figures, kept apart from the
 library itself (model, data, labels, train, eval, generate). Each backs an `rpt` verb in rpt/commands/.
 
-    demo.py          `rpt demo`: the whole pipeline on the standard library, the copy test, the plots
+    demo.py          `rpt demo`: the copy test at a small size, xl against rpt-sem: retrieval shown working
     sweep.py         `rpt sweep`: variants x paired seeds on one store, trained, evaluated and tabulated
     compare.py       `rpt compare`: `rpt eval` results as the paper's tables, over seeds
     copytest.py      `rpt copytest`: near and far repeats, the proof that retrieval is used

@@ -418,14 +418,14 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
     from rpt.data.tokenizer import Tokenizer
 
     if not (store / "tokenizer.json").exists():
-        raise UserError(f"{store} is not a `rpt prepare` store root; run `rpt demo` (it writes runs/demo/store) or "
-                        "`rpt prepare` and `rpt label` first")
+        raise UserError(f"--store {store}: not a `rpt prepare` store root; make one with `rpt prepare`, then "
+                        "`rpt label --kind lex` and `--kind sem` (docs/cli.md#rpt-demo-and-rpt-bench)")
     lab = labels_root or store / "labels"
     lex, sem = lab / f"train-lex-{seq_len}", lab / f"train-sem-{seq_len}"
     labels = {"retro": lex, "rpt-lex": lex, "rpt-sem": sem}
     missing = [str(p) for p in {lex, sem} if not (p / "manifest.json").exists()]
     if missing:
-        raise UserError(f"labels missing: {', '.join(missing)} (run `rpt demo`, or `rpt label --kind lex|sem --span {seq_len}`)")
+        raise UserError(f"labels missing: {', '.join(missing)} (`rpt label --kind lex|sem --span {seq_len}`)")
     results: dict[str, Any] = {"machine": machine()}
     print(f"machine: {results['machine']}", flush=True)
     results["training"] = bench_training(store, labels, preset=preset, seq_len=seq_len, segment_len=segment_len,
