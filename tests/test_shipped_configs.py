@@ -78,6 +78,13 @@ def test_print_config_resolves_a_shipped_config_with_flags_and_sets(capsys):
     assert printed.model.vocab_size == 300 and printed.train.lr == 0.01
 
 
+def test_print_config_needs_no_store(capsys):
+    """The README's `rpt train --config paper-250m-code --print-config` runs before any data exists."""
+    assert main(["train", "--config", "paper-250m-code", "--print-config"]) == 0
+    printed = RPTConfig.from_yaml(capsys.readouterr().out)
+    assert printed.train.tau_max == 2 and printed.data.store == "data/code"
+
+
 @pytest.mark.parametrize("argv", [["train", "--preset", "tiny", "--set", "lr=0.1"],
                                   ["train", "--preset", "tiny", "--set", "optim.lr=0.1"],
                                   ["bench", "--scale", "--set", "attn_dropout=0"],

@@ -102,7 +102,11 @@ def config_from_args(args: argparse.Namespace):
     if preset and "vocab_size" not in doc.get("model", {}):
         # a preset's vocabulary is a placeholder: take the store's tokenizer's (--preset, or a config naming a preset)
         store = doc.get("data", {}).get("store") or RPTConfig.from_preset(preset).data.store
-        _set(doc, "model.vocab_size", _store_vocab(store))
+        try:
+            _set(doc, "model.vocab_size", _store_vocab(store))
+        except UserError:
+            if not getattr(args, "print_config", False):
+                raise  # --print-config shows the preset's placeholder until the store exists
     return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
 
 
