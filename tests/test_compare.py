@@ -229,3 +229,55 @@ def test_chance_rows_buckets_the_random_control_and_training_recall(tmp_path):
     assert "| pool 1-27 | pool 28-128 |" in text and "| rpt-sem | 10.0% ± 0.0 | 5.0% ± 0.0 |" in text
     assert "| random (chance, expected) | " in text
     assert "| random (chance, expected) | 6.0% |  |" in text  # a fixed ranking's bucket value once, no "± 0.0"
+
+
+def with_docs(r, docs):
+    """A result with per-document records: docs = [(NLL sum, tokens), ...]."""
+    r["documents"] = [{"index": i, "nll_sum": nll, "n_targets": n} for i, (nll, n) in enumerate(docs)]
+    return r
+
+
+def test_bootstrap_interval_of_a_constant_ratio_is_that_ratio():
+    """Every document 10% more likely with neighbours, on both seeds: every resample gives exactly that gain."""
+    import math
+
+    from rpt.experiments.compare import bootstrap_ratio
+
+    none = {s: {d: (2.0 * (d + 1) * 100, 100 * (d + 1)) for d in range(8)} for s in (0, 1)}
+    own = {s: {d: ((2.0 - math.log(1.1)) * (d + 1) * 100, 100 * (d + 1)) for d in range(8)} for s in (0, 1)}
+    lo, hi, n = bootstrap_ratio(none, own)
+    assert n == 8 and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    assert bootstrap_ratio({0: {0: (1.0, 1)}}, {0: {0: (1.0, 1)}}) is None  # one document: no interval
+    assert bootstrap_ratio({0: none[0]}, {1: own[1]}) is None  # no seed on both sides
+
+
+def test_bootstrap_interval_covers_one_when_documents_disagree_and_not_when_they_agree():
+    import numpy as np
+
+    from rpt.experiments.compare import bootstrap_ratio
+
+    rng = np.random.default_rng(1)
+    base = {0: {d: (5.0 * 200, 200) for d in range(30)}}
+    noisy = {0: {d: ((5.0 + rng.normal(0, 0.2)) * 200, 200) for d in range(30)}}  # no effect, per-document noise
+    lo, hi, _ = bootstrap_ratio(base, noisy)
+    assert lo < 1 < hi
+    better = {0: {d: ((5.0 - 0.1 + rng.normal(0, 0.02)) * 200, 200) for d in range(30)}}  # a real 0.1-nat gain
+    lo, hi, _ = bootstrap_ratio(base, better)
+    assert 1.08 < lo < hi < 1.13
+
+
+def test_rows_and_markdown_carry_the_document_intervals():
+    docs_xl = [(500.0, 100), (600.0, 100), (550.0, 100)]
+    docs_own = [(450.0, 100), (560.0, 100), (500.0, 100)]
+    docs_none = [(510.0, 100), (610.0, 100), (560.0, 100)]
+    docs_rand = [(505.0, 100), (605.0, 100), (555.0, 100)]
+    rs = [with_docs(result("xl", 0, "none", 100.0), docs_xl),
+          with_docs(result("rpt-sem", 0, "model", 90.0), docs_own), with_docs(result("rpt-sem", 0, "none", 99.0), docs_none),
+          with_docs(result("rpt-sem", 0, "random", 98.0), docs_rand)]
+    rows = {r["label"]: r for r in compare(rs)["rows"]}
+    sem = rows["rpt-sem"]
+    assert sem["vs_xl_ci"][2] == 3 and sem["vs_xl_ci"][0] <= sem["vs_xl_ci"][1] < 1  # every document better than xl's
+    assert sem["gain_ci"][0] > 1 and sem["own_vs_random_ci"][0] > 1
+    md = to_markdown(compare(rs))
+    assert "own vs random" in md and f"[{sem['gain_ci'][0]:.3f}, {sem['gain_ci'][1]:.3f}]" in md
+    assert "resampling the test documents" in md

@@ -10,13 +10,18 @@ number of neighbours at inference; its results over several seeds and several ne
     gain        retrieval gain: ppl with no neighbours / ppl with the own source, per seed (same checkpoint)
     oracle      ppl with the oracle's neighbours, and its gain over no neighbours
     random      ppl with K random retrievable chunks of the same document, and that gain: the control a retrieval gain
-                must beat (any chunk of the document may help by priming its vocabulary)
+                must beat (any chunk of the document may help by priming its vocabulary); own vs random: ppl with
+                random neighbours / ppl with the own source (above 1: the retriever's choice helps)
     BM25        for a model with its own retriever: ppl with BM25's neighbours instead, and that gain (is the reader or
                 the retriever the weak part?)
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
 
 An ordering between two rows is supported only where the gap of the means exceeds the spread; the table prints the
-spread next to every mean so that a reader can check, and `n` says how many seeds stand behind it.
+spread next to every mean so that a reader can check, and `n` says how many seeds stand behind it. The paired ratios
+(vs xl, the gains) also get a 95% interval from a per-document bootstrap: the test documents are resampled with
+replacement (the same draw for every seed and both sides of the ratio), each seed's ratio is recomputed from the
+resampled documents' NLL sums and token counts, and the seeds' mean is taken; the 2.5th and 97.5th percentiles of
+BOOTSTRAP draws bound it. An interval that contains 1 means the documents do not support a difference.
 """
 
 from __future__ import annotations
@@ -136,6 +141,8 @@ class Setting:
     buckets: dict[str, dict[int, dict[str, float | None]]] = field(default_factory=lambda: defaultdict(dict))
     gold: set[str] = field(default_factory=set)  # what the metrics' gold holds (exhaustive, or BM25's top-k)
     train_recall: dict[int, float] = field(default_factory=dict)  # seed -> the run's training recall@K (its log)
+    # source -> seed -> {document index: (NLL sum, predicted tokens)}, for the per-document bootstrap
+    docs: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
     label: str = ""
 
 
@@ -160,6 +167,10 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
             raise UserError(f"{r['_path']}: a second, different result for {s.variant} seed {seed} source {source} at "
                             f"step {s.step} (remove one)")
         s.ppl[source][seed] = r["total"]["perplexity"]
+        per_doc = {int(d["index"]): (float(d["nll_sum"]), int(d["n_targets"])) for d in r.get("documents", [])
+                   if d.get("n_targets")}
+        if per_doc:
+            s.docs[source][seed] = per_doc
         for who, m in (r.get("retrieval") or {}).items():
             if isinstance(m, dict) and all(n in m for n in METRICS):
                 s.metrics[who][seed] = tuple(m[n] for n in METRICS)
@@ -240,6 +251,30 @@ def _ratios(num: dict[int, float], den: dict[int, float]) -> list[float]:
     return [num[s] / den[s] for s in sorted(set(num) & set(den))]
 
 
+BOOTSTRAP = 2000  # resamples of the test documents behind each interval
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int, dict[int, tuple[float, int]]],
+                    draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the seeds' mean of ppl(num) / ppl(den) under resampling the test documents (module docstring).
+    num, den: seed -> {document index: (NLL sum, tokens)}; only seeds and documents present on both sides count.
+    Returns (low, high, number of documents), or None with fewer than two documents."""
+    import numpy as np
+
+    seeds = sorted(set(num) & set(den))
+    docs = sorted(set.intersection(*(set(num[x]) & set(den[x]) for x in seeds))) if seeds else []
+    if len(docs) < 2:
+        return None
+    arr = np.array([[[*num[x][d], *den[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(docs), size=(draws, len(docs)))
+    sums = arr[:, pick].sum(axis=2)  # [seeds, draws, 4]: resampled NLL and token totals of both sides
+    ratios = np.exp(sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]).mean(axis=0)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi), len(docs)
+
+
 def _final(r: dict[str, Any]) -> bool:
     return r.get("step") is not None and r.get("step") == r["config"].get("train", {}).get("steps")
 
@@ -290,9 +325,11 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         xl = xl_for(s)
         if xl is not None and xl is not s:
             row["vs_xl"] = _stats(_ratios(own, xl.ppl.get("none", {})))
+            row["vs_xl_ci"] = bootstrap_ratio(s.docs.get(src, {}), xl.docs.get("none", {}))
         if src != "none":
             row["none"] = _stats(list(s.ppl.get("none", {}).values()))
             row["gain"] = _stats(_ratios(s.ppl.get("none", {}), own))
+            row["gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get(src, {}))
         if "oracle" in s.ppl:
             row["oracle"] = _stats(list(s.ppl["oracle"].values()))
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
@@ -301,6 +338,10 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if "random" in s.ppl:  # the control: random retrievable chunks of the same document
             row["random"] = _stats(list(s.ppl["random"].values()))
             row["random_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["random"]))
+            # own neighbours against random ones: does the retriever's choice matter beyond any chunk of the document?
+            if src != "none":
+                row["own_vs_random"] = _stats(_ratios(s.ppl["random"], own))
+                row["own_vs_random_ci"] = bootstrap_ratio(s.docs.get("random", {}), s.docs.get(src, {}))
         if src == "model" and "bm25" in s.ppl:  # an own retriever's model read with BM25's neighbours instead
             row["bm25"] = _stats(list(s.ppl["bm25"].values()))
             row["bm25_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["bm25"]))
@@ -328,7 +369,8 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         rows.append(row)
     return {"domain": domain, "rows": rows,
             "note": "mean ± sd over seeds (n); gains and vs-xl ratios are paired per seed; an ordering holds only where "
-                    "the gap exceeds the spread"}
+                    "the gap exceeds the spread; [low, high]: 95% interval from resampling the test documents "
+                    f"({BOOTSTRAP} draws; an interval containing 1 does not support a difference)"}
 
 
 def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False, n_row: int | None = None) -> str:
@@ -369,6 +411,10 @@ def _metric_rows(rows: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, A
     return out
 
 
+def _ci(ci: tuple[float, float, int] | list | None) -> str:
+    return "" if not ci else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def to_markdown(table: dict[str, Any]) -> str:
     """Two Markdown tables: perplexity and gains (Table 2 / 4 layout), then retrieval metrics (Table 3 layout)."""
     paper = table["domain"] is not None
@@ -376,7 +422,7 @@ def to_markdown(table: dict[str, Any]) -> str:
     bm25 = any("bm25" in r for r in table["rows"])
     head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
     rand = any("random" in r for r in table["rows"])
-    head += ["ppl, random neighbours", "random gain"] if rand else []
+    head += ["ppl, random neighbours", "random gain", "own vs random"] if rand else []
     head += ["ppl, BM25 neighbours", "BM25 gain"] if bm25 else []
     head += ["ppl, DPR neighbours"] if dpr else []
     if paper:
@@ -384,9 +430,11 @@ def to_markdown(table: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
         n = len(r["seeds"])
-        cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n), _fmt(r.get("none"), n_row=n),
-                 _fmt(r.get("gain"), 3, n_row=n), _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
-        cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n)] if rand else []
+        cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n) + _ci(r.get("vs_xl_ci")),
+                 _fmt(r.get("none"), n_row=n), _fmt(r.get("gain"), 3, n_row=n) + _ci(r.get("gain_ci")),
+                 _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
+        cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n),
+                  _fmt(r.get("own_vs_random"), 3, n_row=n) + _ci(r.get("own_vs_random_ci"))] if rand else []
         cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n)] if bm25 else []
         cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
         if paper:
