@@ -216,7 +216,7 @@ class TrainConfig:
     ss_schedule: Literal["anneal", "gold", "own"] = "anneal"
     loss_chunk: int = 1024  # LM loss over this many target tokens at a time (no [B, T, V] logits); 0 = full logits
     # (the tiny preset uses 0)
-    neighbour_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation
+    neighbor_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation
     gate_hold_steps: int = 0  # the neighbour gate's parameters stay at their initial values for this many updates
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs
@@ -310,6 +310,7 @@ class RPTConfig:
         if base is not None and base not in PRESETS:
             raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
         cfg_dict = PRESETS[base]() if base else {}
+        data = with_current_names(data)
         if recorded:
             data = with_former_defaults(data)
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
@@ -364,7 +365,7 @@ def check_ranges(cfg: RPTConfig) -> None:
         "train.lr": positive, "train.min_lr_ratio": unit, "train.warmup_steps": at_least(0),
         "train.weight_decay": at_least(0), "train.tau_max": positive, "train.alpha_ret": at_least(0),
         "train.alpha_ramp_steps": at_least(0), "train.ss_fraction": unit, "train.loss_chunk": at_least(0),
-        "train.neighbour_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
+        "train.neighbor_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
         "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
         "train.val_every": at_least(0), "train.val_sequences": at_least(1),
         "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
@@ -396,7 +397,7 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # computed the same thing (resume, the sweep's check and `rpt compare` treat them as one setting)
 _READ_ONLY_BY = {
     RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
-                 "train.neighbour_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
+                 "train.neighbor_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
     # the retrieval loss, scheduled sampling
     ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_", "train.lambdarank_"),
     ("memorizing",): ("model.memory_",),
@@ -438,9 +439,27 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
-def with_former_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config (nested dict) with each field of FORMER_DEFAULTS it lacks set to that former default."""
+# fields under another name in configs written by earlier versions of rpt: old dotted key -> current one
+RENAMED = {"train.neighbour_lr_scale": "train.neighbor_lr_scale"}
+
+
+def with_current_names(config: dict[str, Any]) -> dict[str, Any]:
+    """A config (nested dict) with each field of RENAMED under its current name (both given: an error)."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for old, new in RENAMED.items():
+        (section, name), (_, current) = old.split("."), new.split(".")
+        part = out.get(section)
+        if isinstance(part, dict) and name in part:
+            if current in part:
+                raise ConfigError(f"{old} and {new} are one field (its former and current name): give {new} only")
+            part[current] = part.pop(name)
+    return out
+
+
+def with_former_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (nested dict) with each field of FORMER_DEFAULTS it lacks set to that former default, and
+    each renamed field under its current name."""
+    out = with_current_names(config)
     for key, value in FORMER_DEFAULTS.items():
         section, name = key.split(".")
         if isinstance(out.get(section), dict):

@@ -47,7 +47,7 @@ COMPARE = ("none", "bm25", "gold")  # extra passes: the target loss with these n
 
 
 @dataclass
-class Neighbour:
+class Neighbor:
     """One retrieved (or candidate) chunk j for a query chunk; shown as c_j + c_{j+1}."""
 
     chunk: int
@@ -65,9 +65,9 @@ class QueryView:
 
     chunk: int
     n_retrievable: int  # chunks 0 .. n_retrievable - 1 may be retrieved (rpt.chunks)
-    model: list[Neighbour] = field(default_factory=list)
-    bm25: list[Neighbour] = field(default_factory=list)
-    gold: list[Neighbour] = field(default_factory=list)
+    model: list[Neighbor] = field(default_factory=list)
+    bm25: list[Neighbor] = field(default_factory=list)
+    gold: list[Neighbor] = field(default_factory=list)
     target_loss: dict[str, float] = field(default_factory=dict)  # mean NLL of the target's tokens per pass
 
     @property
@@ -247,12 +247,12 @@ def explore_document(model: RPT, tokens: np.ndarray | Sequence[int], *, labels: 
                 rows.sort(key=lambda r: -r[2] if r[2] is not None else math.inf)
             for r, (j, b, t) in enumerate(rows):
                 pos = (t is not None and t > 0) if label_kind != "lex" else True
-                q.gold.append(Neighbour(j, r, score=b, s_t=t, positive=pos))
+                q.gold.append(Neighbor(j, r, score=b, s_t=t, positive=pos))
                 gold_st[j] = t
         positives = {n.chunk for n in q.gold if n.positive}
 
-        def make(j: int, r: int, score: float | None, **kw: Any) -> Neighbour:
-            return Neighbour(j, r, score=score, s_t=gold_st.get(j), positive=j in positives, **kw)  # noqa: B023
+        def make(j: int, r: int, score: float | None, **kw: Any) -> Neighbor:
+            return Neighbor(j, r, score=score, s_t=gold_st.get(j), positive=j in positives, **kw)  # noqa: B023
 
         used = {}
         if main.neighbor_ids is not None:
@@ -409,7 +409,7 @@ class _Renderer:
                 out.append(esc)
         return "".join(out)
 
-    def neighbour(self, n: Neighbour, column: str, target: set[int], query: set[int]) -> str:
+    def neighbour(self, n: Neighbor, column: str, target: set[int], query: set[int]) -> str:
         cls = ["nb"] + (["used"] if n.used else []) + (["positive"] if n.positive else [])
         link = f'<a href="#q{n.chunk}">#{n.chunk}</a>' if n.chunk in self.listed else f"#{n.chunk}"
         score_name = {"model": "s_q", "bm25": "BM25", "gold": "BM25(q,t)"}[column]

@@ -119,7 +119,7 @@ class DocumentCache:
     def window_bytes(self) -> int:
         return self.state.window_bytes()
 
-    def neighbour_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+    def neighbor_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """retro: the BM25 neighbour ids covering every chunk that input_ids (about to be stepped) finish."""
         if self.bm25 is None:
             return None
@@ -235,7 +235,7 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"input_ids: batch of {input_ids.shape[0]} rows continuing a cache of "
                                  f"{cache.batch_size} (beam search and reordering are not supported)")
             K = n_neighbors or cache.n_neighbors
-            nb = cache.neighbour_ids(input_ids)
+            nb = cache.neighbor_ids(input_ids)
             retrieval = {"n_neighbors": K} if cfg.uses_retrieval else {}
             if nb is not None:
                 retrieval["neighbor_ids"] = nb

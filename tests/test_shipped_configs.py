@@ -172,3 +172,14 @@ def test_eval_config_section_gives_the_defaults_and_flags_win(tmp_path, store):
     args = p.parse_args(["eval", "--checkpoint", "x", "--store", "s"])
     apply_eval_config(args)  # no config: EvalConfig's defaults
     assert (args.split, args.neighbors, args.source, args.max_documents) == ("test", 2, None, 0)
+
+
+def test_a_config_with_a_field_under_its_former_name_still_loads(tmp_path):
+    """One spelling in public names (neighbor); configs that recorded train.neighbour_lr_scale keep working."""
+    old = tmp_path / "old.yaml"
+    old.write_text("preset: tiny\ntrain:\n  neighbour_lr_scale: 3\n")
+    assert RPTConfig.from_yaml(old).train.neighbor_lr_scale == 3
+    both = tmp_path / "both.yaml"
+    both.write_text("preset: tiny\ntrain:\n  neighbour_lr_scale: 3\n  neighbor_lr_scale: 2\n")
+    with pytest.raises(ConfigError, match="give train.neighbor_lr_scale only"):
+        RPTConfig.from_yaml(both)

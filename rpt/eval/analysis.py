@@ -42,7 +42,7 @@ def unique_overlap(a: np.ndarray, b: np.ndarray) -> int:
     return int(len(np.intersect1d(np.asarray(a), np.asarray(b))))
 
 
-def neighbour_overlap(tokens: np.ndarray, chunk_size: int, best: np.ndarray,
+def neighbor_overlap(tokens: np.ndarray, chunk_size: int, best: np.ndarray,
                       continuation: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Overlap of each query chunk's best neighbour with the query chunk and with the target chunk.
 
@@ -67,7 +67,7 @@ def neighbour_overlap(tokens: np.ndarray, chunk_size: int, best: np.ndarray,
 
 def overlap_sums(tokens: np.ndarray, chunk_size: int, best: np.ndarray, continuation: bool = True) -> dict[str, float]:
     """{"query": sum, "target": sum, "n": count} over the valid query chunks of one document."""
-    q, t, v = neighbour_overlap(tokens, chunk_size, best, continuation)
+    q, t, v = neighbor_overlap(tokens, chunk_size, best, continuation)
     return {"query": float(q[v].sum()), "target": float(t[v].sum()), "n": float(v.sum())}
 
 

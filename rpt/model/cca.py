@@ -12,7 +12,7 @@ content-only attention would have to discover an induction circuit first (we mea
 copying at all; docs/results/copy-test.md). Positions depend only on the offset inside the block, so training and generation
 agree by construction (the authors' code is off by 63 at generation).
 
-Neighbour gates scale the VALUES of a neighbour's keys (`NeighbourKV.scale`), not its states: scaling the states
+Neighbour gates scale the VALUES of a neighbour's keys (`NeighborKV.scale`), not its states: scaling the states
 (C^g = g * C, §3.1) also scales the attention logits, so a gate of 0.1 flattens CCA's attention to near uniform and the
 neighbour can no longer be read even where it is the right one.
 
@@ -31,7 +31,7 @@ from rpt.model.layers import Attention, RMSNorm, apply_rotary, rotary_cos_sin
 
 
 @dataclass
-class NeighbourKV:
+class NeighborKV:
     """Neighbour states for consecutive blocks. Block r (tokens (r*M - 1) ... (r*M + M - 2)) uses row r - first.
 
     states [B, R, K*2M, D]; mask [B, R, K*2M] (True = real neighbour token); bias [B, R, K*2M] additive logits or
@@ -44,24 +44,24 @@ class NeighbourKV:
     scale: torch.Tensor | None = None
     first_block: int = 0
 
-    def rows(self, sl: slice) -> NeighbourKV:
+    def rows(self, sl: slice) -> NeighborKV:
         """The rows `sl` (first_block is the caller's to set)."""
-        return NeighbourKV(*(None if t is None else t[:, sl] for t in (self.states, self.mask, self.bias, self.scale)))
+        return NeighborKV(*(None if t is None else t[:, sl] for t in (self.states, self.mask, self.bias, self.scale)))
 
-    def shifted(self) -> NeighbourKV:
+    def shifted(self) -> NeighborKV:
         """An empty row prepended (block 0's tokens see only the null key): row r now serves block r."""
         def pad(t: torch.Tensor | None, value: float | bool) -> torch.Tensor | None:
             return None if t is None else F.pad(t, (0, 0) * (t.dim() - 2) + (1, 0), value=value)
 
-        return NeighbourKV(pad(self.states, 0.0), pad(self.mask, False), pad(self.bias, 0.0), pad(self.scale, 0.0))
+        return NeighborKV(pad(self.states, 0.0), pad(self.mask, False), pad(self.bias, 0.0), pad(self.scale, 0.0))
 
     @staticmethod
-    def cat(rows: list[NeighbourKV], first_block: int) -> NeighbourKV:
+    def cat(rows: list[NeighborKV], first_block: int) -> NeighborKV:
         def cat(name: str) -> torch.Tensor | None:
             parts = [getattr(r, name) for r in rows]
             return None if parts[-1] is None else torch.cat(parts, 1)
 
-        return NeighbourKV(cat("states"), cat("mask"), cat("bias"), cat("scale"), first_block)
+        return NeighborKV(cat("states"), cat("mask"), cat("bias"), cat("scale"), first_block)
 
 
 def rel_bias_prior(n_heads: int, M: int, kind: str, scale: float = 1.0) -> torch.Tensor:
@@ -118,7 +118,7 @@ class ChunkedCrossAttention(nn.Module):
         self.ctx_norm = RMSNorm(dim, eps) if ctx_norm else None
         self.rel_bias = nn.Parameter(rel_bias_prior(n_heads, chunk_size, rel_bias_init, rel_bias_scale)) if rel_bias else None
 
-    def forward(self, x: torch.Tensor, nkv: NeighbourKV, start: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, nkv: NeighborKV, start: int) -> torch.Tensor:
         """x [B, n, D] holds tokens start ... start+n-1 -> [B, n, D]."""
         B, n, D = x.shape
         M, H = self.M, self.H

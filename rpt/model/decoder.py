@@ -207,7 +207,7 @@ class SegmentDecoder(TiedLM, nn.Module):
     def new_cache(self, memory: Any = None) -> Any:
         raise NotImplementedError
 
-    def _no_neighbours(self, neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
+    def _no_neighbors(self, neighbor_ids: torch.Tensor | None, use_supplied: torch.Tensor | None) -> None:
         if neighbor_ids is not None or use_supplied is not None:
             raise ValueError(f"variant {self.cfg.variant!r} reads no neighbours (it has no chunked cross-attention): "
                              "neighbor_ids and use_supplied must be None")
@@ -221,7 +221,7 @@ class SegmentDecoder(TiedLM, nn.Module):
         (as `RPT.forward`). labels [B, T] (usually input_ids): `out.loss` is the mean next-token cross-entropy,
         position t scored on labels[t + 1], -100 not scored. The retrieval arguments exist for the common contract:
         neighbour ids are refused, n_neighbors / retrieve_k ignored (evaluation passes n_neighbors to every variant)."""
-        self._no_neighbours(neighbor_ids, use_supplied)
+        self._no_neighbors(neighbor_ids, use_supplied)
         x, rot = self._embed_segments(input_ids)  # [B, Tp, D]
         for layer in self.layers:
             x = self._run_layer(layer, x, rot)
@@ -234,7 +234,7 @@ class SegmentDecoder(TiedLM, nn.Module):
              retrieve_k: int | None = None):
         """Continue the documents in `cache` with input_ids [B, n] (any n >= 1) -> logits [B, n, V]. Pieces never
         cross a segment boundary (the windows roll there, and memories and states move on): n / S pieces."""
-        self._no_neighbours(neighbor_ids, use_supplied)
+        self._no_neighbors(neighbor_ids, use_supplied)
         S = self.cfg.segment_len
         logits = []
         i, n = 0, input_ids.shape[1]

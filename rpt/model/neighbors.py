@@ -13,7 +13,7 @@ from torch import nn
 from rpt.model.layers import Attention, RMSNorm, rotary_cos_sin
 
 
-def gather_neighbours(states: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def gather_neighbors(states: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """states [B, N, M, D] chunk token states; ids [B, Q, K] (-1 = empty) -> [B, Q, K, 2M, D].
 
     A neighbour is chunk j followed by its continuation j + 1 (§3.1); empty slots gather chunk 0 and are masked later.

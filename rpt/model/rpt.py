@@ -24,11 +24,11 @@ from torch import nn
 
 from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
-from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
+from rpt.model.cca import ChunkedCrossAttention, NeighborKV
 from rpt.model.decoder import RPTOutput, TiedLM, draw_seed, mean_loss
 from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, set_attention_dropout
 from rpt.model.memory import ChunkMemory, TorchMemory
-from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbours
+from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbors
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
 
 
@@ -42,7 +42,7 @@ class RPTCache:
     pos: int = 0
     partial: torch.Tensor | None = None  # [B, <M, D] lower states of the unfinished chunk
     gate: GateCache = field(default_factory=GateCache)
-    last_row: NeighbourKV | None = None  # neighbours of the most recently finished chunk (one block row)
+    last_row: NeighborKV | None = None  # neighbours of the most recently finished chunk (one block row)
 
     def memory_bytes(self) -> int:
         """The document memory's size (its peak: it only grows)."""
@@ -69,7 +69,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.dropout)
         self.segment_len = cfg.segment_len
 
-    def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighbourKV | None = None,
+    def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighborKV | None = None,
                 start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         h = self.attn_norm(x)
         if cache is None:
@@ -153,12 +153,12 @@ class RPT(TiedLM, nn.Module):
     def upper(self) -> nn.ModuleList:
         return self.layers[self.cfg.n_lower :]
 
-    def _neighbour_kv(self, chunk_states: torch.Tensor, query_states: torch.Tensor, ids: torch.Tensor,
+    def _neighbor_kv(self, chunk_states: torch.Tensor, query_states: torch.Tensor, ids: torch.Tensor,
                       chunk_idx: torch.Tensor, gate_cache: GateCache | None,
-                      chunk_ids: list[int] | None = None) -> tuple[NeighbourKV, torch.Tensor | None]:
+                      chunk_ids: list[int] | None = None) -> tuple[NeighborKV, torch.Tensor | None]:
         """Assemble, augment and gate neighbours. chunk_states [B, N, M, D] (all chunks so far), query_states
         [B, Q, M, D] lower states of the query chunks, ids [B, Q, K] -> one block row per query chunk."""
-        nb = gather_neighbours(chunk_states, ids)  # [B, Q, K, 2M, D]
+        nb = gather_neighbors(chunk_states, ids)  # [B, Q, K, 2M, D]
         valid = ids >= 0  # [B, Q, K]
         if self.query_aug is not None:
             nb = self.query_aug(nb, query_states)
@@ -173,7 +173,7 @@ class RPT(TiedLM, nn.Module):
             else:
                 scale = gates[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
         mask = valid[..., None].expand(B, Q, K, L)
-        nkv = NeighbourKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L), bias, scale)
+        nkv = NeighborKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L), bias, scale)
         return nkv, gates
 
     @staticmethod
@@ -233,7 +233,7 @@ class RPT(TiedLM, nn.Module):
                 if use_supplied is not None:
                     use_supplied = F.pad(use_supplied, (0, C - use_supplied.shape[1]), value=False)
             chosen = self._choose(own, supplied, use_supplied)  # [B, C, K]
-            row, out.gates = self._neighbour_kv(chunk_states, lower_states, chosen, torch.arange(C, device=x.device), None)
+            row, out.gates = self._neighbor_kv(chunk_states, lower_states, chosen, torch.arange(C, device=x.device), None)
             # block r uses chunk r-1's neighbours: prepend an empty row for block 0 (tokens 0..M-2 see only the null)
             nkv = row.shifted()
             out.neighbor_ids = chosen[:, : T // M]
@@ -311,25 +311,25 @@ class RPT(TiedLM, nn.Module):
                     supplied = sup.masked_fill(sup > limit, -1)
                     use = None if use_supplied is None else use_supplied[:, c0 : c0 + nc]
                 chosen = self._choose(own, supplied, use)
-                row, out.gates = self._neighbour_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate,
+                row, out.gates = self._neighbor_kv(mem.states, lower_states, chosen, chunk_idx, cache.gate,
                                                     list(range(c0, c0 + nc)))
                 out.neighbor_ids, out.chunk_start = chosen, c0
                 rows.append(row)
                 cache.last_row = row.rows(slice(-1, None))
             # rows cover chunks c0-1 .. c0+nc-1, i.e. blocks c0 .. c0+nc
-            nkv = NeighbourKV.cat(rows, first_block=c0)
+            nkv = NeighborKV.cat(rows, first_block=c0)
         for layer, lc in zip(self.upper, cache.layers[cfg.n_lower :], strict=True):
             x = layer(x, rot, nkv, p0, cache=lc)
         out.logits = self._logits(x)
         cache.pos += n
         return out
 
-    def _empty_row(self, B: int, K: int, x: torch.Tensor) -> NeighbourKV:
+    def _empty_row(self, B: int, K: int, x: torch.Tensor) -> NeighborKV:
         L = K * 2 * self.cfg.chunk_size
         gated = self.gate is not None
         bias = x.new_zeros(B, 1, L) if gated and self.cfg.gate == "bias" else None
         scale = x.new_zeros(B, 1, L) if gated and self.cfg.gate != "bias" and self.cfg.gate_on == "values" else None
-        return NeighbourKV(x.new_zeros(B, 1, L, x.shape[-1]), torch.zeros(B, 1, L, dtype=torch.bool, device=x.device),
+        return NeighborKV(x.new_zeros(B, 1, L, x.shape[-1]), torch.zeros(B, 1, L, dtype=torch.bool, device=x.device),
                            bias, scale)
 
 

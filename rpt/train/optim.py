@@ -69,31 +69,31 @@ def bare_name(name: str) -> list[str]:
     return [p for p in name.split(".") if p not in ("module", "_fsdp_wrapped_module", "_orig_mod")]
 
 
-def neighbour_path(name: str) -> bool:
+def neighbor_path(name: str) -> bool:
     """Parameters that read neighbours: CCA (and its pre-norm), the neighbour gate, the query augmentation."""
     parts = bare_name(name)
     return "cca" in parts or "cca_norm" in parts or parts[:1] in (["gate"], ["query_aug"])
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, neighbour_lr_scale: float = 1.0) -> list[dict]:
-    """Decayed / not decayed parameters; with neighbour_lr_scale != 1 the neighbour path (`neighbour_path`) gets
+def parameter_groups(model: nn.Module, weight_decay: float, neighbor_lr_scale: float = 1.0) -> list[dict]:
+    """Decayed / not decayed parameters; with neighbor_lr_scale != 1 the neighbour path (`neighbor_path`) gets
     groups of its own whose learning rate is scaled (`set_lr` reads "lr_scale")."""
     decay, plain, decay_scaled, plain_scaled = [], [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            scaled = neighbour_lr_scale != 1.0 and neighbour_path(name)
+            scaled = neighbor_lr_scale != 1.0 and neighbor_path(name)
             lists = (plain_scaled, decay_scaled) if scaled else (plain, decay)
             lists[0 if no_decay(name, p) else 1].append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
     for params, wd in ((decay_scaled, weight_decay), (plain_scaled, 0.0)):
         if params:
-            groups.append({"params": params, "weight_decay": wd, "lr_scale": neighbour_lr_scale})
+            groups.append({"params": params, "weight_decay": wd, "lr_scale": neighbor_lr_scale})
     return groups
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The optimiser named by cfg.optimizer over `model`'s trainable parameters (lr is set every step by the loop)."""
-    groups = parameter_groups(model, cfg.weight_decay, cfg.neighbour_lr_scale)
+    groups = parameter_groups(model, cfg.weight_decay, cfg.neighbor_lr_scale)
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)

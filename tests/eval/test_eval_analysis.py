@@ -8,7 +8,7 @@ from rpt.eval.analysis import (
     finalize_overlap,
     finalize_subgroups,
     gold_retrieved,
-    neighbour_overlap,
+    neighbor_overlap,
     overlap_sums,
     relative_improvement,
     subgroup_sums,
@@ -25,13 +25,13 @@ def test_best_neighbour_overlap_by_hand():
     # chunk size 2; chunks: c0=[1,2] c1=[3,4] c2=[1,3] c3=[4,9] c4=[7,7]
     toks = np.array([1, 2, 3, 4, 1, 3, 4, 9, 7, 7])
     best = np.array([-1, -1, 0, 0, 1])
-    q, t, v = neighbour_overlap(toks, 2, best)
+    q, t, v = neighbor_overlap(toks, 2, best)
     # query 2 = [1,3], neighbour 0 + continuation = [1,2,3,4]: overlap with query {1,3} = 2, with target c3 {4} = 1
     # query 3 = [4,9], same neighbour: query {4} = 1, target c4 {} = 0; query 4 has no target chunk
     np.testing.assert_array_equal(v, [False, False, True, True, False])
     np.testing.assert_array_equal(q[v], [2, 1])
     np.testing.assert_array_equal(t[v], [1, 0])
-    q1, t1, _ = neighbour_overlap(toks, 2, best, continuation=False)  # neighbour 0 alone = [1,2]
+    q1, t1, _ = neighbor_overlap(toks, 2, best, continuation=False)  # neighbour 0 alone = [1,2]
     np.testing.assert_array_equal(q1[v], [1, 0])
     s = overlap_sums(toks, 2, best)
     assert s == {"query": 3.0, "target": 1.0, "n": 2.0}

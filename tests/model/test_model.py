@@ -204,13 +204,13 @@ def test_paper_gate_passes_gradient_below_eta():
 def test_gate_scales_values_not_logits(opts):
     """gate_on=values: a neighbour's gate multiplies its values only, so CCA's attention weights do not depend on it
     (the paper's C^g = g * C would flatten them); checked by the output being linear in a shared gate."""
-    from rpt.model.cca import NeighbourKV
+    from rpt.model.cca import NeighborKV
 
     cca = make("retro", **opts).layers[2].cca
     h = torch.randn(1, 256, 64)
     states = torch.randn(1, 5, 2 * 2 * M, 64)
     mask = torch.ones(1, 5, 2 * 2 * M, dtype=torch.bool)
-    ys = [cca(h, NeighbourKV(states, mask, scale=torch.full((1, 5, 2 * 2 * M), g)), 0) for g in (0.0, 0.5, 1.0)]
+    ys = [cca(h, NeighborKV(states, mask, scale=torch.full((1, 5, 2 * 2 * M), g)), 0) for g in (0.0, 0.5, 1.0)]
     torch.testing.assert_close(ys[1] - ys[0], 0.5 * (ys[2] - ys[0]), atol=1e-5, rtol=1e-4)
 
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from rpt import RPT, RPTConfig
-from rpt.model.cca import ChunkedCrossAttention, NeighbourKV
+from rpt.model.cca import ChunkedCrossAttention, NeighborKV
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
 
@@ -354,7 +354,7 @@ def test_chunked_cross_attention(opts, start, n, grad):
     mask = keep[..., None].expand(B, R, K, 2 * M).reshape(B, R, L)
     bias = torch.randn(B, R, K, generator=g, dtype=DT)[..., None].expand(B, R, K, 2 * M).reshape(B, R, L) if o["bias"] else None
     scale = torch.rand(B, R, K, generator=g, dtype=DT)[..., None].expand(B, R, K, 2 * M).reshape(B, R, L) if o["scale"] else None
-    nkv = NeighbourKV(states, mask, bias, scale, first_block=first)
+    nkv = NeighborKV(states, mask, bias, scale, first_block=first)
     x = torch.randn(B, n, D, dtype=DT, generator=g)
     with torch.set_grad_enabled(grad):
         got = cca(x, nkv, start)

@@ -78,20 +78,20 @@ def test_clip_gradients_returns_the_norm_before_clipping():
 def test_neighbour_lr_scale_gives_the_neighbour_path_its_own_learning_rate():
     from rpt.config import RPTConfig
     from rpt.model.rpt import RPT
-    from rpt.train.optim import neighbour_path, set_lr
+    from rpt.train.optim import neighbor_path, set_lr
 
     model = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=64).model)
     names = {id(p): n for n, p in model.named_parameters()}
     assert len(parameter_groups(model, 0.1)) == 2  # scale 1: the groups (and checkpoints) of before
-    opt = build_optimizer(model, TrainConfig(optimizer="adamw", neighbour_lr_scale=3.0))
+    opt = build_optimizer(model, TrainConfig(optimizer="adamw", neighbor_lr_scale=3.0))
     set_lr(opt, 0.01)
     seen = set()
     for g in opt.param_groups:
         for p in g["params"]:
-            scaled = neighbour_path(names[id(p)])
+            scaled = neighbor_path(names[id(p)])
             assert g["lr"] == pytest.approx(0.03 if scaled else 0.01), names[id(p)]
             seen.add(scaled)
     assert seen == {True, False}
-    assert {n for n in names.values() if neighbour_path(n)} >= {"gate.w", "layers.2.cca.attn.q.weight",
+    assert {n for n in names.values() if neighbor_path(n)} >= {"gate.w", "layers.2.cca.attn.q.weight",
                                                                   "layers.3.cca_norm.weight"}
-    assert not any(neighbour_path(n) for n in ("embed.weight", "layers.0.attn.q.weight", "layers.2.mlp.w_gate.weight"))
+    assert not any(neighbor_path(n) for n in ("embed.weight", "layers.0.attn.q.weight", "layers.2.mlp.w_gate.weight"))
