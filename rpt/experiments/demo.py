@@ -60,7 +60,11 @@ def check_extras() -> None:
     """Fail in one line, before any work, when matplotlib (the figure) is missing."""
     import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is None:
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: not importable
+        found = False
+    if not found:
         raise UserError(f"the demo needs matplotlib (its figure), not installed: {install_hint('matplotlib')}")
 
 

