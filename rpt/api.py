@@ -347,40 +347,45 @@ def train_config(config: str | Path | RPTConfig, store: str | Path | None = None
     """The RPTConfig `train` runs: `config` (a preset name, a YAML file, a run or checkpoint folder, the name of a
     config shipped in rpt/configs, or an RPTConfig), then store / out, then `overrides` (see `config_key`). With a
     preset, the vocabulary is the store's tokenizer's unless overridden."""
+    values = {key: str(v) for key, v in (("data.store", store), ("train.out_dir", out)) if v is not None}
+    values.update({config_key(k): v for k, v in overrides.items()})
+    return build_train_config(config, values)
+
+
+def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], name: str = "config",
+                       placeholder_vocab: bool = False) -> RPTConfig:
+    """The one assembly of a training config, for `train` and `rpt train`: `config` (an RPTConfig, a preset name, or
+    what `rpt.config.config_file` accepts), then `values` (dotted key -> value, in order), validated once. A preset's
+    placeholder vocabulary becomes the store's tokenizer's; with `placeholder_vocab` a store that does not exist yet
+    leaves it (to print the config). `name`: how errors call the config argument (config, --config)."""
     import yaml
 
     from rpt.config import PRESETS, ConfigError, RPTConfig, config_file, with_former_defaults
+    from rpt.utils import load_yaml
 
     if isinstance(config, RPTConfig):
         doc = config.to_dict()
     elif isinstance(config, str) and config in PRESETS:
         doc = {"preset": config}
     else:
-        from rpt.utils import load_yaml
-
-        try:
-            path, recorded = config_file(config, "config")
-        except ConfigError:
-            from rpt.config import shipped_configs
-
-            raise argument_error("config", config, f"not a preset ({', '.join(PRESETS)}), a YAML file, a run or "
-                                 f"checkpoint folder, or a shipped config ({', '.join(shipped_configs())})") from None
-        doc = load_yaml(path.read_text(), f"config {path}") or {}
+        path, recorded = config_file(config, name)
+        doc = load_yaml(path.read_text(), f"{name} {path}", ConfigError) or {}
         if not isinstance(doc, dict):
-            raise argument_error("config", config, "not a YAML mapping")
-        if recorded:
+            raise ConfigError(f"{name} {path} is not a YAML mapping")
+        if recorded:  # another run's config: its missing fields take the defaults of its time
             doc = with_former_defaults(doc)
-    values = {"data.store": None if store is None else str(store), "train.out_dir": None if out is None else str(out)}
-    values.update({config_key(k): v for k, v in overrides.items()})
     for key, value in values.items():
-        if value is not None:
-            section, _, name = key.partition(".")
-            doc.setdefault(section, {})[name] = value
+        section, _, field = key.partition(".")
+        doc.setdefault(section, {})[field] = value
     if doc.get("preset") and "vocab_size" not in doc.get("model", {}):
         from rpt.train.loop import store_vocab
 
         store_root = doc.get("data", {}).get("store") or RPTConfig.from_preset(doc["preset"]).data.store
-        doc.setdefault("model", {})["vocab_size"] = store_vocab(store_root)
+        try:
+            doc.setdefault("model", {})["vocab_size"] = store_vocab(store_root)
+        except UserError:
+            if not placeholder_vocab:
+                raise
     return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
 
 

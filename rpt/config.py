@@ -310,9 +310,7 @@ class RPTConfig:
         if base is not None and base not in PRESETS:
             raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
         cfg_dict = PRESETS[base]() if base else {}
-        data = with_current_names(data)
-        if recorded:
-            data = with_former_defaults(data)
+        data = with_former_defaults(data) if recorded else with_current_names(data)  # the former renames too
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg

@@ -196,3 +196,22 @@ def callable_module(name: str, api: str) -> None:
     module = sys.modules[name]
     module.__class__ = _CallableModule
     module.__api__ = api  # type: ignore[attr-defined]
+
+
+def resolve_device(device: Any = "auto") -> Any:
+    """The torch.device of a device argument: "auto" (or None) is cuda when torch sees a GPU, else cpu; "cpu",
+    "cuda", "cuda:N" or a torch.device as given, a CUDA device torch does not see refused (`device=...`)."""
+    import torch
+
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise argument_error("device", device, "auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argument_error("device", device, "torch sees no CUDA device here")
+        if (dev.index or 0) >= torch.cuda.device_count():
+            raise argument_error("device", device, f"torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return dev

@@ -183,3 +183,21 @@ def test_a_config_with_a_field_under_its_former_name_still_loads(tmp_path):
     both.write_text("preset: tiny\ntrain:\n  neighbour_lr_scale: 3\n  neighbor_lr_scale: 2\n")
     with pytest.raises(ConfigError, match="give train.neighbor_lr_scale only"):
         RPTConfig.from_yaml(both)
+
+
+def test_one_device_resolver_serves_library_and_cli():
+    """rpt.utils.resolve_device: the scorer, the DPR trainer and every verb resolve --device / device= through it."""
+    import torch
+
+    from rpt.labels import scorer
+    from rpt.retrievers import dpr
+    from rpt.utils import ArgumentError, resolve_device
+
+    assert scorer.resolve_device is resolve_device and dpr.resolve_device is resolve_device
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu") == resolve_device("cpu")
+    with pytest.raises(ArgumentError, match=r"device='gpu': auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == resolve_device(None) == torch.device("cpu")
+        with pytest.raises(ArgumentError, match=r"device='cuda:1': torch sees no CUDA device here"):
+            resolve_device("cuda:1")

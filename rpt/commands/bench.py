@@ -155,11 +155,11 @@ def _kernels(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.commands.options import resolve_device
+    from rpt.utils import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.device = resolve_device(args.device)
+    args.device = str(resolve_device(args.device))
     if args.kernels:
         return _kernels(args)
     if args.scale:

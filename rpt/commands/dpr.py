@@ -38,9 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.commands.options import agree, config_of, resolve_device
+    from rpt.commands.options import agree, config_of
     from rpt.retrievers.dpr import describe, train_dpr
-    from rpt.utils import UserError
+    from rpt.utils import UserError, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)

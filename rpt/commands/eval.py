@@ -130,10 +130,9 @@ def apply_eval_config(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.commands.options import resolve_device
     from rpt.config import check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
-    from rpt.utils import UserError, require
+    from rpt.utils import UserError, require, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
-                      bm25_statistics=args.bm25_stats, precision=args.precision, device=resolve_device(args.device),
+                      bm25_statistics=args.bm25_stats, precision=args.precision, device=str(resolve_device(args.device)),
                       progress=not args.no_progress, retriever=args.retriever,
                       memory_tokens=args.memory_tokens)
     if os.environ.get("RANK", "0") != "0":

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from rpt.commands.options import resolve_device
+    from rpt.utils import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top must be >= 1")
     check_neighbors(args.neighbors)
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     mcfg = loaded.config.model
     tok = loaded.tokenizer

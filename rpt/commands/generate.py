@@ -104,7 +104,7 @@ def _snippet(text: str, n: int = 70) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.commands.options import resolve_device
+    from rpt.utils import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = sampling_config(args)
     prompts = read_prompts(args)
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     ids, cfg = encode_prompts(loaded, prompts, dataclasses.replace(cfg, stop_at_eos=args.stop_at_eos))
     tok = loaded.tokenizer

@@ -65,12 +65,13 @@ def _tokenizer_file(root: Path, split: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from rpt.cli import UserError
-    from rpt.commands.options import agree, config_of, resolve_device
+    from rpt.commands.options import agree, config_of
     from rpt.data.store import StoreError, TokenStore
     from rpt.labels.pipeline import LabelSpec, label_split, merge_shards, parse_shard, store_decoder
     from rpt.labels.quality import plot_supervision_quality, supervision_quality
     from rpt.labels.scorer import load_scorer
     from rpt.labels.store import LabelStore, default_label_path, parse_span
+    from rpt.utils import resolve_device
 
     cfg = config_of(args)
     store_root = args.store or (cfg and cfg.data.store)  # a store that moved is still the store: the flag wins

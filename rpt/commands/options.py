@@ -27,23 +27,6 @@ def add_device(p: argparse.ArgumentParser, what: str = "") -> None:
                    "available)")
 
 
-def resolve_device(value: str | None) -> str:
-    """'auto' (or None) -> 'cuda' when torch sees a GPU, else 'cpu'; a CUDA device where there is none is refused."""
-    import torch
-
-    from rpt.utils import UserError
-
-    if value in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if value.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {value}: torch sees no CUDA device here")
-        index = int(value.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise UserError(f"--device {value}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    return value
-
-
 def add_set(p: argparse.ArgumentParser, sections: tuple[str, ...] = SECTIONS, example: str = "train.tau_max=4") -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help=f"any config field ({', '.join(s + '.*' for s in sections)}), value in YAML, repeatable: e.g. "

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
-from typing import Any
 
 HELP = ("train a model (xl, retro, rpt-lex, rpt-sem or a baseline: memorizing, block-recurrent, griffin) on a token "
         "store; resumes an interrupted run")
 ORDER = 30
 
-# command-line flag -> dotted config key (applied on top of the preset / config file, before --set)
-_FLAGS = {
-    "variant": "model.variant", "vocab_size": "model.vocab_size", "seq_len": "data.seq_len", "steps": "train.steps",
-    "batch_size": "train.batch_size", "grad_accum": "train.grad_accum", "lr": "train.lr", "seed": "train.seed",
-    "optimizer": "train.optimizer", "precision": "train.precision", "out": "train.out_dir", "store": "data.store",
-    "val_every": "train.val_every", "init_from": "train.init_from",
-    "activation_checkpointing": "train.activation_checkpointing", "wandb": "train.wandb",
-}
+
+def _flags() -> dict[str, str]:
+    """command-line flag (argparse dest) -> dotted config key: rpt.train's short names and the run's folders"""
+    from rpt.api import TRAIN_ARGS
+
+    return {**TRAIN_ARGS, "out": "train.out_dir", "store": "data.store", "init_from": "train.init_from",
+            "activation_checkpointing": "train.activation_checkpointing", "wandb": "train.wandb"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,69 +64,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the pre-flight check that refuses a config whose training step cannot fit in memory")
 
 
-def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
-    section, _, key = dotted.partition(".")
-    doc.setdefault(section, {})[key] = value
-
-
 def config_from_args(args: argparse.Namespace):
-    """The run's RPTConfig: the preset or config file, then the flags, then --set overrides (validated once)."""
-    import yaml
-
-    from rpt.cli import UserError
+    """The run's RPTConfig: the preset or config, then the flags, then --set overrides (validated once)."""
+    from rpt.api import build_train_config
     from rpt.commands.options import parse_sets
-    from rpt.config import ConfigError, RPTConfig, config_file, with_former_defaults
-    from rpt.utils import load_yaml
 
-    if args.config:
-        try:
-            path, recorded = config_file(args.config, "--config")
-        except ConfigError as e:
-            raise UserError(str(e)) from None
-        doc = load_yaml(path.read_text(), f"--config {path}") or {}
-        if not isinstance(doc, dict):
-            raise UserError(f"--config {path} is not a YAML mapping")
-        if recorded:  # another run's config: its missing fields take the defaults of its time
-            doc = with_former_defaults(doc)
-    else:
-        doc = {"preset": args.preset}
-    for flag, key in _FLAGS.items():
-        if getattr(args, flag, None) is not None:
-            _set(doc, key, getattr(args, flag))
-    for key, value in parse_sets(args.set).items():
-        _set(doc, key, value)
-    preset = doc.get("preset")
-    if preset and "vocab_size" not in doc.get("model", {}):
-        # a preset's vocabulary is a placeholder: take the store's tokenizer's (--preset, or a config naming a preset)
-        store = doc.get("data", {}).get("store") or RPTConfig.from_preset(preset).data.store
-        try:
-            _set(doc, "model.vocab_size", _store_vocab(store))
-        except UserError:
-            if not getattr(args, "print_config", False):
-                raise  # --print-config shows the preset's placeholder until the store exists
-    return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
-
-
-def _store_vocab(store_root: str) -> int:
-    from rpt.train.loop import store_vocab
-
-    return store_vocab(store_root)
-
-
-def default_labels(store_root: str, variant: str, seq_len: int, given: dict[str, Path] | None = None) -> Path | None:
-    """`rpt.labels.store.default_labels` (the library's; kept here for callers of this module)."""
-    from rpt.labels.store import default_labels as library_default_labels
-
-    return library_default_labels(store_root, variant, seq_len, given)
+    values = {key: getattr(args, flag) for flag, key in _flags().items() if getattr(args, flag, None) is not None}
+    values.update(parse_sets(args.set))
+    return build_train_config(args.config or args.preset, values, "--config",
+                              placeholder_vocab=getattr(args, "print_config", False))
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from rpt.cli import UserError
-    from rpt.commands.options import resolve_device
     from rpt.data.store import StoreError
     from rpt.train.loop import NonFiniteLoss, train
+    from rpt.utils import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -137,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return 0
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     labels = args.labels
     if labels is None and cfg.model.uses_retrieval:
+        from rpt.labels.store import default_labels
+
         labels = default_labels(cfg.data.store, cfg.model.variant, cfg.data.seq_len)
         if labels is None:
             raise UserError(f"variant {cfg.model.variant} needs retrieval labels: pass --labels (made by `rpt label` "

@@ -268,8 +268,9 @@ def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int,
         return None
     arr = np.array([[[*num[x][d], *den[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
     rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(docs), size=(draws, len(docs)))
-    sums = arr[:, pick].sum(axis=2)  # [seeds, draws, 4]: resampled NLL and token totals of both sides
+    # how often each document is drawn in each resample (n draws with replacement): [draws, docs]
+    counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
+    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]: resampled NLL and token totals of both sides
     ratios = np.exp(sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]).mean(axis=0)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return float(lo), float(hi), len(docs)

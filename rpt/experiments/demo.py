@@ -41,11 +41,17 @@ class DemoSettings:
     progress: bool = True
 
 
-def _copy_argv(s: DemoSettings) -> list[str]:
+def _copy_argv(s: DemoSettings) -> tuple[list[str], Path]:
+    """The `rpt copytest` command line of the demo and the summary file it writes."""
+    from rpt.experiments.copytest import CopyTestSettings, summary_path
+
+    cs = CopyTestSettings(out=s.out / "copy", steps=s.steps, near_steps=s.near_steps, variants=s.variants,
+                          seeds=s.seeds, near_every_seed=False, **COPY_SIZE)
     size = [a for k, v in COPY_SIZE.items() for a in ("--" + k.replace("_", "-"), f"{v:g}")]
-    argv = ["copytest", "--out", str(s.out / "copy"), *size, "--steps", str(s.steps), "--near-steps", str(s.near_steps),
+    argv = ["copytest", "--out", str(cs.out), *size, "--steps", str(s.steps), "--near-steps", str(s.near_steps),
             "--variants", ",".join(s.variants), "--seeds", ",".join(map(str, s.seeds)), "--near-first-seed-only"]
-    return argv + (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
+    argv += (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
+    return argv, summary_path(cs)
 
 
 def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
@@ -74,8 +80,9 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     res.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []
     t0 = time.perf_counter()
-    _run(_copy_argv(s), commands, ok=(0, 1))  # 1: a check failed at this small size; the table says which
-    copy = _latest_summary(s.out / "copy")
+    argv, summary_file = _copy_argv(s)
+    _run(argv, commands, ok=(0, 1))  # 1: a check failed at this small size; the table says which
+    copy = json.loads(summary_file.read_text())
     summary = summarize_copy(copy)
     figure = plot_demo(copy, res / "copy_test.png")
     first = next(r for r in copy["runs"] if r["setting"] == "far" and r["variant"] == s.variants[-1])
@@ -90,13 +97,6 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     for cmd, what, how_long in LONGER:
         print(f"  {cmd:<42} {what} ({how_long} on 2 CPU cores)")
     return summary
-
-
-def _latest_summary(folder: Path) -> dict[str, Any]:
-    files = sorted(folder.glob("copytest*.json"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        raise UserError(f"no copy-test summary in {folder}")
-    return json.loads(files[-1].read_text())
 
 
 def _mean_sd(xs: list[float]) -> dict[str, float]:

@@ -196,7 +196,7 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
     except (StoreError, LabelError, LabelMismatch) as e:
         raise UserError(f"{variant}: {e}") from None
     if not args.no_memory_check:
-        from rpt.commands.options import resolve_device
+        from rpt.utils import resolve_device
 
         check_fits(cfg, resolve_device(args.device))
 

