@@ -11,6 +11,7 @@
 #   PRESET=tiny LR=0.01 BATCH=2 SEQ_LEN=2048 (training span = the train labels' span) SEGMENT=128 (the tiny preset's)
 #   TOKENIZER=bpe:2048 MAX_DOCUMENTS= (prepare only the first N documents of each split; default all)
 #   K=4 (BM25 candidates of the training labels; the paper's is 20)
+#   ALPHA_RAMP= (updates over which the retrieval loss weight ramps to train.alpha_ret; default the preset's)
 #   SCORER=own (the sweep's seed-0 xl) | smollm2 | any `rpt label --scorer` value
 #   GOLD=bm25 (test labels: BM25's top K) | all (exhaustive gold: every retrievable chunk, the paper's metrics; the
 #   sweep then evaluates with it) QUERY_FRACTION=1 (the share of test query chunks scored for exhaustive gold)
@@ -37,11 +38,13 @@ K=${K:-4}
 SCORER=${SCORER:-own}
 GOLD=${GOLD:-bm25}
 QUERY_FRACTION=${QUERY_FRACTION:-1}
+ALPHA_RAMP=${ALPHA_RAMP:-}
 case $GOLD in bm25|all) ;; *) echo "domain_sweep: GOLD must be bm25 or all, not '$GOLD'" >&2; exit 2 ;; esac
 store=$OUT/store
 train=(--preset "$PRESET" --store "$store" --seq-len "$SEQ_LEN" --lr "$LR" --steps "$STEPS" --batch-size "$BATCH"
        --set model.segment_len="$SEGMENT" --set train.checkpoint_every=100 --set train.keep_last=0
        --set train.warmup_steps=50)
+[ -n "$ALPHA_RAMP" ] && train+=(--set train.alpha_ramp_steps="$ALPHA_RAMP")
 label=(--store "$store" --segment-len "$SEGMENT")
 paper_flag=()
 [ -n "$paper" ] && paper_flag=(--paper "$paper")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RPT = Path(sys.executable).parent / "rpt"
@@ -17,7 +18,8 @@ RPT = Path(sys.executable).parent / "rpt"
 def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     out = tmp_path / "gr"
     env = dict(os.environ, REQUIRE_GPU="0", PRESET="tiny", SCORER="own", SEQ_LEN="512", SEGMENT="64", STEPS="2",
-               LR="0.01", BATCH="2", TOKENIZER="corpus", QUERY_FRACTION="1", RPT=str(RPT), PYTHON=sys.executable,
+               LR="0.01", BATCH="2", SEEDS="0", ALPHA_RAMP="1", TOKENIZER="corpus", QUERY_FRACTION="1", RPT=str(RPT),
+               PYTHON=sys.executable,
                CORPUS="synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -29,6 +31,8 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     table = json.loads((out / "sweep" / "compare.json").read_text())
     rows = {row["variant"]: row for row in table["rows"]}
     assert list(rows) == ["xl", "rpt-sem"]
+    run = yaml.safe_load((out / "sweep" / "rpt-sem-seed0" / "config.yaml").read_text())
+    assert run["train"]["alpha_ramp_steps"] == 1 and run["data"]["seq_len"] == 512  # ALPHA_RAMP reaches the run
     sem = rows["rpt-sem"]
     assert sem["random_gain"][2] == 1 and sem["oracle_gain"][2] == 1
     assert {"metrics_model", "metrics_bm25", "metrics_recency", "metrics_random", "metrics_oracle"} <= set(sem)

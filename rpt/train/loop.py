@@ -395,6 +395,11 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         torch.manual_seed(tc.seed + info.rank)  # dropout differs across ranks; weights were broadcast by DDP
     del cp
 
+    if mcfg.has_retriever and tc.alpha_ret > 0 and tc.alpha_ramp_steps > tc.steps:
+        warnings.warn(f"train.alpha_ramp_steps={tc.alpha_ramp_steps} is longer than train.steps={tc.steps}: the retrieval "
+                      f"loss weight reaches only {tc.alpha_ret * tc.steps / tc.alpha_ramp_steps:.3g} of its "
+                      f"train.alpha_ret={tc.alpha_ret} (--set train.alpha_ramp_steps=N to ramp within the run)",
+                      stacklevel=2)
     use_bf16 = tc.precision == "bf16" and dev.type == "cuda"
     if tc.precision == "bf16" and not use_bf16:
         warnings.warn("train.precision=bf16 is for GPUs (bf16 matmuls are ~600x slower on these CPUs): training in fp32",

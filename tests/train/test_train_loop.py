@@ -280,3 +280,20 @@ def test_compile_with_fsdp_is_refused(corpus):
     cfg = tiny_config(corpus["tmp"], steps=1, compile=True)
     with pytest.raises(ValueError, match="train.compile with fsdp"):
         train(cfg, corpus["root"], corpus["labels"], progress=False, fsdp=True)
+
+
+@pytest.mark.parametrize("ramp, warned", [(5, True), (2, False)])
+def test_a_retrieval_ramp_longer_than_the_run_is_warned_with_the_weight_it_reaches(corpus, ramp, warned):
+    """alpha_ret ramps linearly over train.alpha_ramp_steps: a ramp past the last update never reaches train.alpha_ret,
+    and the warning says what it does reach (0.1 x 2/5 = 0.04); a ramp within the run is not warned."""
+    import warnings
+
+    cfg = tiny_config(corpus["tmp"], variant="rpt-sem", steps=2, checkpoint_every=2, alpha_ret=0.1, alpha_ramp_steps=ramp)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train(cfg, corpus["root"], corpus["labels"], progress=False)
+    ramps = [str(w.message) for w in seen if "alpha_ramp_steps" in str(w.message)]
+    assert len(ramps) == int(warned)
+    if warned:
+        assert "train.alpha_ramp_steps=5" in ramps[0] and "train.steps=2" in ramps[0] and "reaches only 0.04 " in ramps[0]
+    assert max(r["alpha_ret"] for r in read_log(corpus["tmp"] / "run")) <= (0.04 if warned else 0.1) + 1e-9
