@@ -278,9 +278,12 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
             values["random"] = metrics.expected_random(rows.candidates, rows.target, pool)
             values["oracle"] = metrics.ranking_values(oracle_neighbors(rows.candidates, rows.target, METRIC_DEPTH),
                                                       rows.candidates, rows.target)
+            rec["metrics"] = {}  # this document's sums (no buckets), for per-document intervals (rpt compare)
             for name, v in values.items():
                 for key, x in metrics.bucketed_sums(v, stats, metrics.pool_buckets(train_pool)).items():
                     sums[f"metrics.{name}.{key}"] = sums.get(f"metrics.{name}.{key}", 0.0) + x
+                    if "|" not in key and key not in ("n_scored", "positives_sum", "pool_sum"):
+                        rec["metrics"].setdefault(name, {})[key] = x
             for name, ranked in rankings.items():
                 if name == "recency":
                     continue

@@ -21,7 +21,10 @@ spread next to every mean so that a reader can check, and `n` says how many seed
 (vs xl, the gains) also get a 95% interval from a per-document bootstrap: the test documents are resampled with
 replacement (the same draw for every seed and both sides of the ratio), each seed's ratio is recomputed from the
 resampled documents' NLL sums and token counts, and the seeds' mean is taken; the 2.5th and 97.5th percentiles of
-BOOTSTRAP draws bound it. An interval that contains 1 means the documents do not support a difference.
+BOOTSTRAP draws bound it. An interval that contains 1 means the documents do not support a difference. The model's
+retriever gets the same kind of interval on its P@2 difference from BM25, recency and random (results whose documents
+carry their metric sums, `rpt eval --metrics`): each seed's difference recomputed from the resampled documents' sums
+over their query chunks; an interval that contains 0 does not support a difference.
 """
 
 from __future__ import annotations
@@ -143,6 +146,8 @@ class Setting:
     train_recall: dict[int, float] = field(default_factory=dict)  # seed -> the run's training recall@K (its log)
     # source -> seed -> {document index: (NLL sum, predicted tokens)}, for the per-document bootstrap
     docs: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
+    # ranking -> seed -> {document index: (P@2 sum over its query chunks, query chunks)}, for the metric intervals
+    doc_metrics: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
     label: str = ""
 
 
@@ -171,6 +176,11 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
                    if d.get("n_targets")}
         if per_doc:
             s.docs[source][seed] = per_doc
+        for who in RANKINGS:
+            per_doc_m = {int(d["index"]): (float(d["metrics"][who][METRICS[0]]), int(d["metrics"][who]["n_queries"]))
+                         for d in r.get("documents", []) if who in (d.get("metrics") or {})}
+            if per_doc_m:
+                s.doc_metrics[who][seed] = per_doc_m
         for who, m in (r.get("retrieval") or {}).items():
             if isinstance(m, dict) and all(n in m for n in METRICS):
                 s.metrics[who][seed] = tuple(m[n] for n in METRICS)
@@ -276,6 +286,40 @@ def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int,
     return float(lo), float(hi), len(docs)
 
 
+def bootstrap_difference(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
+                         draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the seeds' mean of mean(a) - mean(b) under resampling the test documents, where a, b: seed ->
+    {document index: (metric sum over its query chunks, query chunks)} and each side's mean is its resampled sum over
+    its resampled count (the pooled, "micro" mean of rpt.eval.metrics). Only seeds and documents on both sides count.
+    Returns (low, high, number of documents), or None with fewer than two documents."""
+    import numpy as np
+
+    seeds = sorted(set(a) & set(b))
+    docs = sorted(set.intersection(*(set(a[x]) & set(b[x]) for x in seeds))) if seeds else []
+    if len(docs) < 2:
+        return None
+    arr = np.array([[[*a[x][d], *b[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
+    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = (sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]).mean(axis=0)
+    diff = diff[np.isfinite(diff)]  # a resample whose documents hold no query chunk with a positive has no mean
+    if not len(diff):
+        return None
+    lo, hi = np.percentile(diff, [2.5, 97.5])
+    return float(lo), float(hi), len(docs)
+
+
+def _means(per_doc: dict[int, dict[int, tuple[float, int]]]) -> dict[int, float]:
+    """seed -> the pooled mean of the per-document (sum, count) pairs."""
+    return {x: sum(v for v, _ in d.values()) / n for x, d in per_doc.items() if (n := sum(c for _, c in d.values()))}
+
+
+# the rankings the model's own retriever is set against, per document, in `compare` ("p2_vs_<who>" fields)
+AGAINST = ("bm25", "recency", "random")
+
+
 def _final(r: dict[str, Any]) -> bool:
     return r.get("step") is not None and r.get("step") == r["config"].get("train", {}).get("steps")
 
@@ -354,6 +398,13 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
                 names = sorted({b for v in s.buckets[who].values() for b in v}, key=bucket_lo)
                 row[f"buckets_{who}"] = {b: _stats([v[b] for v in s.buckets[who].values()
                                                     if v.get(b) is not None]) for b in names}
+        own_docs = s.doc_metrics.get("model", {})
+        for who in AGAINST if own_docs else ():
+            other = s.doc_metrics.get(who, {})
+            mine, theirs = _means(own_docs), _means(other)
+            if diffs := [mine[x] - theirs[x] for x in sorted(set(mine) & set(theirs))]:
+                row[f"p2_vs_{who}"] = _stats(diffs)
+                row[f"p2_vs_{who}_ci"] = bootstrap_difference(own_docs, other)
         if s.gold:
             row["gold"] = sorted(s.gold)
         if s.train_recall:
@@ -470,5 +521,18 @@ def to_markdown(table: dict[str, Any]) -> str:
                       "| retriever | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
             for name, who, bs in buckets:
                 lines.append(f"| {name} | " + " | ".join(_fmt(_once(bs.get(b), who), pct=True) for b in names) + " |")
+        against = [r for r in with_metrics if any(f"p2_vs_{w}" in r for w in AGAINST)]
+        if against:
+            lines += ["", "The model's P@2 minus another ranking's, in points (mean ± sd over seeds; [low, high]: 95% "
+                      "interval from resampling the test documents; an interval containing 0 does not support a "
+                      "difference):", "", "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
+                      "|---|" + "---|" * len(AGAINST)]
+            for r in against:
+                cells = [_fmt(r.get(f"p2_vs_{w}"), pct=True) + _ci_points(r.get(f"p2_vs_{w}_ci")) for w in AGAINST]
+                lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     lines += ["", table["note"]]
     return "\n".join(lines)
+
+
+def _ci_points(ci: tuple[float, float, int] | list | None) -> str:
+    return "" if not ci else f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"

@@ -166,8 +166,14 @@ def test_metrics_and_overlap_sums(tmp_path):
     lengths = [26 * M, 18 * M + 4]
     store = TokenStore.open(make_store(tmp_path / "s", lengths, tok))
     labels = LabelStore.open(write_doc_labels(tmp_path / "labels", lengths, tok.identity))
-    sums = evaluate(model, store, [0, 1], labels=labels, memory=TorchMemory, with_metrics=True)["sums"]
+    out = evaluate(model, store, [0, 1], labels=labels, memory=TorchMemory, with_metrics=True)
+    sums = out["sums"]
     n_pos = sum(int((np.nan_to_num(labels.rows(d).target, nan=-1) > 0).any(1).sum()) for d in (0, 1))
+    # each document carries its own metric sums (rpt compare's per-document intervals): they add up to the totals
+    for name in ("model", "bm25", "recency", "random", "oracle"):
+        for key in ("precision@2", "recall@10", "ndcg@20", "n_queries"):
+            per_doc = [d["metrics"][name][key] for d in out["documents"]]
+            assert len(per_doc) == 2 and sum(per_doc) == pytest.approx(sums[f"metrics.{name}.{key}"])
     for name in ("model", "bm25"):
         assert sums[f"metrics.{name}.n_queries"] == n_pos > 0
         for key in ("precision@2", "recall@10", "ndcg@20"):
