@@ -1,7 +1,9 @@
 """The copy test: the machinery always, the measurement itself under -m slow (minutes on 2 cores)."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rpt.cli import main
@@ -50,7 +52,8 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
     for argv, flag in [(["--variants", "xl"], "--variants"), (["--far-p", "1.5"], "--far-p"),
                        (["--seq-len", "1000"], "--seq-len"), (["--segment-len", "96"], "--segment-len"),
                        (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
-                       (["--scorer-k", "0"], "--scorer-k")]:
+                       (["--scorer-k", "0"], "--scorer-k"), (["--passage", "160-96"], "--passage"),
+                       (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage")]:
         assert main(["copytest", "--out", str(tmp_path), *argv]) == 2
         err = capsys.readouterr().err
         assert flag in err and len(err.strip().splitlines()) == 1, (argv, err)
@@ -73,3 +76,26 @@ def test_seed_lists_are_checked_by_demo_and_copytest(tmp_path, capsys):
         for bad in ("a", "1,1", ","):
             assert main([verb, "--out", str(tmp_path), "--seeds", bad]) == 2
             assert "--seeds" in capsys.readouterr().err
+
+
+def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_scores_unaligned_hits(tmp_path):
+    s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
+                         variants=("retro",), seq_len=1024, segment_len=64, passage=96, passage_max=160)
+    # reach (4 + 1) x 64 = 320 tokens: 4 passages of at least 96 words lie beyond it; 1024 // 160 = 6 passages
+    assert far_distance(s) == (4, 5)
+    summary = run_copytest(s)
+    far_cmd = next(c for c in summary["commands"] if "synthetic:copy-far" in c)
+    assert "passage=96-160" in far_cmd and "passages=6" in far_cmd
+    assert any("passage96-160" in p.name for p in (tmp_path / "ct" / "stores").iterdir())  # never mixed with aligned
+    near = next(r for r in summary["runs"] if r["setting"] == "near")
+    assert "segment_len: 256" in (Path(near["run"]) / "config.yaml").read_text()  # a whole passage fits its window
+    retro = next(r for r in summary["runs"] if r["variant"] == "retro")
+    assert "hit@1" in retro["eval"]["bm25"] and 0 <= retro["eval"]["bm25"]["hit@1"] <= 1
+
+
+def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
+    from rpt.experiments.copytest import _holds
+
+    window = np.arange(128)
+    assert _holds(window, np.arange(37, 101)) and _holds(window, np.arange(0, 64)) and _holds(window, np.arange(64, 128))
+    assert not _holds(window, np.arange(65, 129)) and not _holds(window, np.r_[np.arange(10, 73), 5])

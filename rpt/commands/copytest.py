@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--far-p", type=float, default=d.far_p,
                    help=f"probability that a far passage (one far enough from the start) repeats an earlier one "
                    f"(default {d.far_p:g})")
+    p.add_argument("--passage", default=str(d.passage),
+                   help=f"words per passage, N or LO-HI: lengths that vary put repeats at every offset to the 64-token "
+                   f"chunk grid (the unaligned copy test, e.g. 150-250; default {d.passage}: two chunks, on the grid)")
     p.add_argument("--near-first-seed-only", action="store_true",
                    help="run the near control (and rpt-sem's scorer) for the first seed only")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
@@ -75,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--near-steps {args.near_steps}: 0 (same as --steps) or more")
     if args.scorer_k < 1:
         raise UserError(f"--scorer-k {args.scorer_k}: at least 1")
+    lo, _, hi = args.passage.partition("-")
+    try:
+        passage, passage_max = int(lo), int(hi) if hi else 0
+    except ValueError:
+        raise UserError(f"--passage {args.passage!r}: a number of words, or LO-HI (e.g. 150-250)") from None
+    if passage < 1 or (passage_max and passage_max < passage):
+        raise UserError(f"--passage {args.passage!r}: at least 1 word, and LO <= HI")
     overrides = {key.removeprefix("model."): value for key, value in parse_sets(args.set, ("model",)).items()}
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
@@ -82,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
                          near_every_seed=not args.near_first_seed_only,
                          variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
                          progress=not args.no_progress,
-                         model_overrides=overrides, label_query=args.label_query)
+                         model_overrides=overrides, label_query=args.label_query, passage=passage,
+                         passage_max=passage_max)
     try:
         far_distance(s)
         # a misspelt or mistyped --set field fails now, not when the first retrieving variant starts training

@@ -14,11 +14,16 @@ Two settings, named by where the copy source lies relative to a sliding-window m
                           2,048-token training span. Only retrieval can help there.
 
 Parameters follow the name as ``synthetic:copy-far?docs=4000&vocab=256&passage=128&passages=16&distance=6-12&p=0.5``.
+``passage=LO-HI`` draws each fresh passage's length uniformly from LO..HI words (a repeat keeps its source's length):
+passages then start at every offset to the chunk grid, and a source and its copy at different offsets, as repeats in
+real text do (the *unaligned* corpus; the default, 128, keeps every passage on the grid).
 Splits: train has `docs` documents, validation and test `eval_docs` each, from independent random streams (seeded by
 (seed, split)), so no test passage is a training passage. Everything is a pure function of the parameters.
 
 Token classes (`copy_classes`), per 64-token chunk, from the token ids alone (a repeated passage is one whose words
-equal an earlier passage's; with random words a chance collision has probability ~vocab^-passage):
+equal an earlier passage's; with random words a chance collision has probability ~vocab^-passage); on the unaligned
+corpus a chunk is repeat-tail when its tokens and the second half of the chunk before are one run copied from earlier
+in the document, repeat-head when it holds any other copied token (`copy_runs`):
     fresh        a chunk of a passage seen for the first time: nothing can predict it beyond the unigram
     repeat-head  the first chunk of a repeated passage: its query chunk is the passage before, which does not identify
                  the source, so chunk retrieval cannot predict it (in-context copying can, after its first tokens)
@@ -53,7 +58,8 @@ class CopySpec:
     docs: int = 4000  # training documents (each seen once by a run of <= docs / batch_size updates)
     eval_docs: int = 64  # validation and test documents each
     vocab: int = 256  # words
-    passage: int = 128  # words (= tokens) per passage
+    passage: int = 128  # words (= tokens) per passage (the shortest, with passage_max)
+    passage_max: int = 0  # > passage: each fresh passage's length uniform in passage..passage_max (unaligned)
     passages: int = 16  # passages per document (16 x 128 = 2,048 tokens)
     min_distance: int = 6  # passages back
     max_distance: int = 12
@@ -67,17 +73,33 @@ class CopySpec:
         if not 1 <= self.min_distance <= self.max_distance < self.passages:
             raise ValueError(f"synthetic:{self.setting}: need 1 <= distance min <= max < passages ({self.passages}), "
                              f"got {self.min_distance}-{self.max_distance}")
+        if self.passage_max and self.passage_max < self.passage:
+            raise ValueError(f"synthetic:{self.setting}: passage=LO-HI needs LO <= HI, got {self.passage}-{self.passage_max}")
         if not 0.0 <= self.p_repeat <= 1.0:
             raise ValueError(f"synthetic:{self.setting}: p must lie in [0, 1], got {self.p_repeat}")
 
     @property
     def spec(self) -> str:
         default = CopySpec(setting=self.setting, **SETTINGS[self.setting])
-        own = [f.name for f in fields(self) if f.name not in ("setting", "min_distance", "max_distance")]
+        own = [f.name for f in fields(self) if f.name not in ("setting", "min_distance", "max_distance", "passage",
+                                                               "passage_max")]
         diff = [f"{n}={getattr(self, n)}" for n in own if getattr(self, n) != getattr(default, n)]
+        if self.variable:
+            diff.insert(2, f"passage={self.passage}-{self.passage_max}")
+        elif self.passage != default.passage:
+            diff.insert(2, f"passage={self.passage}")
         if (self.min_distance, self.max_distance) != (default.min_distance, default.max_distance):
             diff.append(f"distance={self.min_distance}-{self.max_distance}")
         return f"synthetic:{self.setting}" + ("?" + "&".join(diff) if diff else "")
+
+    @property
+    def variable(self) -> bool:
+        """True when passage lengths vary (passage=LO-HI with LO < HI)."""
+        return self.passage_max > self.passage
+
+    def aligned(self, chunk_size: int) -> bool:
+        """True when every passage is whole chunks: repeats sit on the chunk grid, as their sources do."""
+        return not self.variable and self.passage % chunk_size == 0
 
 
 def parse_spec(spec: str) -> CopySpec:
@@ -98,13 +120,16 @@ def parse_spec(spec: str) -> CopySpec:
             if key == "distance":
                 lo, _, hi = value.partition("-")
                 kw["min_distance"], kw["max_distance"] = int(lo), int(hi or lo)
+            elif key == "passage":
+                lo, _, hi = value.partition("-")
+                kw["passage"], kw["passage_max"] = int(lo), (int(hi) if hi else 0)
             elif key in types and key not in ("setting", "min_distance", "max_distance"):
                 kw[key] = float(value) if types[key] in (float, "float") else int(value)
             else:
                 raise KeyError(key)
         except KeyError:
-            raise ValueError(f"corpus {spec!r}: unknown parameter {key!r}; use docs, eval_docs, vocab, passage, passages, "
-                             f"distance=MIN-MAX, p, seed") from None
+            raise ValueError(f"corpus {spec!r}: unknown parameter {key!r}; use docs, eval_docs, vocab, "
+                             f"passage=N or LO-HI, passages, distance=MIN-MAX, p, seed") from None
         except ValueError:
             raise ValueError(f"corpus {spec!r}: bad value in {part!r}") from None
     out = CopySpec(**kw)
@@ -118,7 +143,7 @@ def copy_document(rng: np.random.Generator, s: CopySpec) -> np.ndarray:
     A repeat copies a passage whose NEAREST earlier occurrence is d in [min_distance, max_distance] places back: a
     passage that two later passages both copy would otherwise stand one place from its second copy, inside xl's reach.
     """
-    out = np.empty((s.passages, s.passage), dtype=np.int64)
+    out: list[np.ndarray] = []
     origin = np.arange(s.passages)  # the first occurrence of each passage's words
     for i in range(s.passages):
         if i >= s.min_distance and rng.random() < s.p_repeat:
@@ -126,10 +151,12 @@ def copy_document(rng: np.random.Generator, s: CopySpec) -> np.ndarray:
                   if not (origin[i - d + 1 : i] == origin[i - d]).any()]
             if ds:
                 d = ds[int(rng.integers(len(ds)))]
-                out[i], origin[i] = out[i - d], origin[i - d]
+                out.append(out[i - d])
+                origin[i] = origin[i - d]
                 continue
-        out[i] = rng.integers(0, s.vocab, s.passage)
-    return out.reshape(-1)
+        n = int(rng.integers(s.passage, s.passage_max + 1)) if s.variable else s.passage
+        out.append(rng.integers(0, s.vocab, n))
+    return np.concatenate(out).astype(np.int64)
 
 
 class CopyCorpus(Corpus):
@@ -170,12 +197,47 @@ class CopyCorpus(Corpus):
         return Tokenizer(tok, f"words:{self.params.vocab}")
 
 
+RUN_NGRAM = 8  # words: an 8-word run of random words from 256 recurs by chance with probability ~256^-8 per pair
+
+
+def copy_runs(tokens: np.ndarray, n: int = RUN_NGRAM) -> np.ndarray:
+    """[T] for each token the position of the earlier token it copies, or -1: token i copies j when an n-word window
+    holding i occurred first at a window holding j at the same place (the first occurrence: a copy of a copy points to
+    the original). Consecutive tokens of one copied run point to consecutive positions."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    src = np.full(len(tokens), -1, dtype=np.int64)
+    first: dict[bytes, int] = {}
+    for i in range(len(tokens) - n + 1):
+        j = first.setdefault(tokens[i : i + n].tobytes(), i)
+        if j != i:
+            window = src[i : i + n]
+            window[window < 0] = j + np.arange(n)[window < 0]
+    return src
+
+
+def run_classes(tokens: np.ndarray, chunk_size: int) -> np.ndarray:
+    """Per chunk, its class index into CLASSES from copied runs (`copy_runs`), for passages at any offset to the chunk
+    grid: repeat-tail when the chunk and the second half of the chunk before are one copied run (the query chunk holds
+    at least half a chunk of the copy, so retrieval can find the source, and every token to predict is in it);
+    repeat-head when the chunk holds any other copied token; fresh otherwise. -1 for a partial last chunk."""
+    M = chunk_size
+    src = copy_runs(tokens)
+    n_chunks = len(src) // M
+    out = np.full(n_chunks, -1, dtype=np.int64)
+    for c in range(n_chunks):
+        own = src[c * M : (c + 1) * M]
+        run = src[max(0, c * M - M // 2) : (c + 1) * M]
+        tail = c > 0 and (run >= 0).all() and (np.diff(run) == 1).all()
+        out[c] = 2 if tail else (1 if (own >= 0).any() else 0)
+    return out
+
+
 def copy_classes(tokens: np.ndarray, passage: int, chunk_size: int) -> np.ndarray:
     """Per chunk of `tokens` (a copy-corpus document), its class index into CLASSES; -1 for a partial last chunk.
 
-    Passages must be whole chunks (passage % chunk_size == 0), as in every setting here."""
+    Passages must be whole chunks (passage % chunk_size == 0); use `run_classes` for the unaligned corpus."""
     if passage % chunk_size:
-        raise ValueError(f"passage length {passage} is not a multiple of the chunk size {chunk_size}")
+        raise ValueError(f"passage length {passage} is not a multiple of the chunk size {chunk_size}: use run_classes")
     tokens = np.asarray(tokens)
     n_chunks = len(tokens) // chunk_size
     out = np.full(n_chunks, -1, dtype=np.int64)

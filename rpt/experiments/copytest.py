@@ -72,6 +72,13 @@ class CopyTestSettings:
     label_query: str = "pair"  # BM25 query of the training labels: pair (c_q, c_t), as the paper | chunk (c_q alone)
     min_near: float = 2.0
     max_xl_far: float = 0.2
+    passage: int = PASSAGE  # words per passage (the shortest, with passage_max)
+    passage_max: int = 0  # > passage: lengths vary in passage..passage_max, repeats at any offset to the chunk grid
+
+    @property
+    def longest(self) -> int:
+        """The longest passage, which sets the passages per document (every document fits one training span)."""
+        return max(self.passage, self.passage_max)
 
 
 def far_distance(s: CopyTestSettings) -> tuple[int, int]:
@@ -82,8 +89,8 @@ def far_distance(s: CopyTestSettings) -> tuple[int, int]:
     cfg = RPTConfig.from_preset(s.preset, variant="xl", segment_len=s.segment_len,
                                 **{k: v for k, v in s.model_overrides.items() if k == "n_layers"})
     reach = (cfg.model.n_layers + 1) * s.segment_len
-    lo = (reach + 1) // PASSAGE + 1
-    passages = s.seq_len // PASSAGE
+    lo = (reach + 1) // s.passage + 1  # in passages of the shortest length: every repeat lies beyond the reach
+    passages = s.seq_len // s.longest
     if lo >= passages:
         raise ValueError(f"a {s.seq_len}-token span holds {passages} passages, but far repeats must lie at least {lo} "
                          f"passages back (xl's reach is (n_layers + 1) x segment_len = {reach} tokens): use a longer "
@@ -106,7 +113,11 @@ def _spec(setting: str, s: CopyTestSettings) -> str:
     if setting == "copy-far":
         lo, hi = far_distance(s)
         extra = f"&p={s.far_p:g}" + (f"&distance={lo}-{hi}" if (lo, hi) != (6, 12) else "")
-    return f"synthetic:{setting}?docs={_docs(setting, s)}&eval_docs={s.eval_docs}&passages={s.seq_len // PASSAGE}{extra}"
+    if s.passage_max > s.passage:
+        extra += f"&passage={s.passage}-{s.passage_max}"
+    elif s.passage != PASSAGE:
+        extra += f"&passage={s.passage}"
+    return f"synthetic:{setting}?docs={_docs(setting, s)}&eval_docs={s.eval_docs}&passages={s.seq_len // s.longest}{extra}"
 
 
 def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
@@ -161,7 +172,8 @@ def _label_sem(root: Path, scorer_run: Path, s: CopyTestSettings, log: list[str]
 def near_segment(s: CopyTestSettings) -> int:
     """The near control's segment: at least a passage, so a repeat one passage back lies inside one layer's window
     (with shorter segments the token at a segment's start sees fewer than 128 tokens back)."""
-    return max(s.segment_len, PASSAGE)
+    need = max(s.segment_len, s.longest)
+    return next(n for n in range(64, s.seq_len + 1, 64) if n >= need and s.seq_len % n == 0)  # whole chunks, dividing the span
 
 
 def _train(setting: str, variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings,
@@ -190,7 +202,7 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
     """Per source: mean NLL per chunk class and over all tokens ("all") of the first `n_docs` test documents, and hit@1
     on repeat-tail chunks. Source "oracle" reads the scorer's best candidates from `oracle_labels` (sem, span doc)."""
     from rpt.checkpoint import load_model
-    from rpt.data.synthetic import CLASSES, copy_classes
+    from rpt.data.synthetic import CLASSES, CopySpec, copy_classes, run_classes
     from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors
     from rpt.labels.store import LabelStore
     from rpt.train.data import open_store
@@ -198,7 +210,8 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
     model, cfg = load_model(run)
     M, S, K = cfg.model.chunk_size, cfg.model.segment_len, cfg.model.n_neighbors
     store = open_store(root, "test")
-    passage = int(store.manifest["corpus"]["synthetic"]["passage"]) if "corpus" in store.manifest else 128
+    spec = CopySpec(**store.manifest["corpus"]["synthetic"]) if "corpus" in store.manifest else CopySpec()
+    aligned = spec.aligned(M)  # aligned: passage classes, and a hit is the source's next chunk itself
     out: dict[str, dict[str, float]] = {}
     for src in sources:
         nll, cnt, hits, tails = np.zeros(len(CLASSES)), np.zeros(len(CLASSES)), 0, 0
@@ -216,7 +229,7 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
             elif src == "none" and cfg.model.uses_retrieval:
                 nb = np.full((C, K), -1, np.int64)
             ev = evaluate_document(model, toks, neighbor_ids=nb, n_neighbors=K)
-            cls = copy_classes(toks, passage, M)
+            cls = copy_classes(toks, spec.passage, M) if aligned else run_classes(toks, M)
             total += (ev.nll_sum, ev.n_targets)
             for c in range(len(CLASSES)):
                 m = cls == c
@@ -227,7 +240,10 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
                 for t in np.nonzero(cls == 2)[0]:
                     j = int(ev.neighbors[t - 1, 0])
                     tails += 1
-                    hits += int(0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]))
+                    if aligned:
+                        hits += int(0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]))
+                    else:  # the neighbour (c_j, c_j+1) holds the chunk to predict, at whatever offset
+                        hits += int(0 <= j < C - 1 and _holds(toks[j * M : (j + 2) * M], chunks[t]))
         row = {name: float(nll[c] / cnt[c]) if cnt[c] else float("nan") for c, name in enumerate(CLASSES)}
         row["all"] = float(total[0] / total[1])
         row["advantage"] = row["fresh"] - row["repeat-tail"]
@@ -235,6 +251,12 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
             row["hit@1"] = hits / tails
         out[src] = row
     return out
+
+
+def _holds(window: np.ndarray, chunk: np.ndarray) -> bool:
+    """True when `chunk` occurs contiguously in `window`."""
+    n = len(chunk)
+    return any(np.array_equal(window[o : o + n], chunk) for o in range(len(window) - n + 1))
 
 
 def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
@@ -290,7 +312,10 @@ def _lr_tag(s: CopyTestSettings) -> str:
 def _size_tag(s: CopyTestSettings) -> str:
     """Run suffix of a span / segment other than the default (one --out can hold several sizes, never mixed)."""
     d = CopyTestSettings()
-    return "" if (s.seq_len, s.segment_len) == (d.seq_len, d.segment_len) else f"-{s.seq_len}x{s.segment_len}"
+    size = "" if (s.seq_len, s.segment_len) == (d.seq_len, d.segment_len) else f"-{s.seq_len}x{s.segment_len}"
+    if (s.passage, s.passage_max) != (d.passage, d.passage_max):
+        size += f"-passage{s.passage}" + (f"-{s.passage_max}" if s.passage_max > s.passage else "")
+    return size
 
 
 def _far_tag(s: CopyTestSettings) -> str:

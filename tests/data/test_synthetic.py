@@ -5,7 +5,7 @@ import pytest
 
 from rpt.cli import main
 from rpt.data.corpora import load_corpus
-from rpt.data.synthetic import CopySpec, copy_classes, copy_document, parse_spec
+from rpt.data.synthetic import CopySpec, copy_classes, copy_document, copy_runs, parse_spec, run_classes
 from rpt.train.data import open_store
 
 
@@ -64,3 +64,44 @@ def test_unknown_synthetic_corpus_is_one_clear_line(tmp_path, capsys):
     assert main(["prepare", "--corpus", "synthetic:copy-mid", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "synthetic:copy-near" in err and "Traceback" not in err
+
+
+def test_variable_passages_put_repeats_at_every_offset_to_the_chunk_grid():
+    s = parse_spec("synthetic:copy-far?passage=96-160&passages=12&distance=4-8&p=1")
+    assert (s.passage, s.passage_max, s.variable, s.aligned(64)) == (96, 160, True, False)
+    assert parse_spec(s.spec) == s and "passage=96-160" in s.spec
+    assert parse_spec("synthetic:copy-far?passage=128").aligned(64)
+    assert not parse_spec("synthetic:copy-far?passage=100").aligned(64)
+    with pytest.raises(ValueError, match="LO <= HI"):
+        parse_spec("synthetic:copy-far?passage=160-96")
+    rng = np.random.default_rng(0)
+    offsets, lengths = set(), set()
+    for _ in range(40):
+        doc = copy_document(rng, s)
+        src = copy_runs(doc)
+        copied = np.nonzero(src >= 0)[0]
+        assert len(copied) and (doc[copied] == doc[src[copied]]).all()  # every copied token equals its source
+        starts = copied[np.r_[True, np.diff(src[copied]) != 1]]  # where each copied run begins
+        offsets |= set((starts % 64).tolist())
+        lengths.add(len(doc))
+    assert len(offsets) > 40 and len(lengths) > 20  # repeats start almost anywhere on the grid; documents vary
+
+
+def test_run_classes_on_a_hand_built_unaligned_document():
+    """A 64-token chunk is repeat-tail when it and the half chunk before it are one copied run."""
+    rng = np.random.default_rng(3)
+    fresh = rng.permutation(1000)[:400]  # distinct words: nothing repeats by chance
+    doc = np.concatenate([fresh[:300], fresh[10:150], fresh[300:400]])  # tokens 300..439 copy 10..149
+    src = copy_runs(doc)
+    assert (src[300:440] == np.arange(10, 150)).all() and (src[:300] < 0).all() and (src[440:] < 0).all()
+    # chunks: 4 = 256..319 (20 copied tokens), 5 = 320..383 (copied; half chunk before, 288..319, is not all copied),
+    # 6 = 384..447 (tokens 440..447 fresh) -> head; 7 = 448..511 fresh
+    assert run_classes(doc, 64).tolist() == [0, 0, 0, 0, 1, 1, 1, 0]
+    doc2 = np.concatenate([fresh[:300], fresh[10:200], fresh[300:400]])  # 300..489 copy 10..199
+    assert run_classes(doc2, 64).tolist()[4:8] == [1, 1, 2, 1]  # 384..447 and 352..383 one run; 448..511 partly fresh
+
+
+def test_run_classes_agree_with_passage_classes_on_an_aligned_document():
+    s = CopySpec(vocab=50, passage=128, passages=4, min_distance=1, max_distance=1, p_repeat=1.0)
+    toks = copy_document(np.random.default_rng(1), s)
+    assert run_classes(toks, 64).tolist() == copy_classes(toks, 128, 64).tolist()
