@@ -53,7 +53,8 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
                        (["--seq-len", "1000"], "--seq-len"), (["--segment-len", "96"], "--segment-len"),
                        (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
                        (["--scorer-k", "0"], "--scorer-k"), (["--passage", "160-96"], "--passage"),
-                       (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage")]:
+                       (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage"),
+                       (["--near-lr", "-1"], "--near-lr"), (["--lr", "0"], "--lr")]:
         assert main(["copytest", "--out", str(tmp_path), *argv]) == 2
         err = capsys.readouterr().err
         assert flag in err and len(err.strip().splitlines()) == 1, (argv, err)
@@ -99,3 +100,14 @@ def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
     window = np.arange(128)
     assert _holds(window, np.arange(37, 101)) and _holds(window, np.arange(0, 64)) and _holds(window, np.arange(64, 128))
     assert not _holds(window, np.arange(65, 129)) and not _holds(window, np.r_[np.arange(10, 73), 5])
+
+
+def test_a_near_control_learning_rate_of_its_own_names_its_runs_and_summary():
+    from rpt.experiments.copytest import _lr, _lr_tag, summary_path
+
+    d, own, both = CopyTestSettings(), CopyTestSettings(near_lr=3e-3), CopyTestSettings(lr=3e-3)
+    assert (_lr("near", own), _lr("far", own), _lr("near", d)) == (3e-3, 1e-2, 1e-2)
+    assert _lr_tag(d, "near") == _lr_tag(d, "far") == "" and summary_path(d).name == "copytest.json"
+    assert (_lr_tag(own, "near"), _lr_tag(own, "far")) == ("-lr0.003", "")  # the far runs are the default's
+    assert summary_path(own).name == "copytest-nearlr0.003.json"
+    assert _lr_tag(both, "far") == "-lr0.003" and summary_path(both).name == "copytest-lr0.003.json"

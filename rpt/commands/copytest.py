@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"cosine decay to this fraction of --lr; 1 keeps it constant after warm-up (default {d.min_lr_ratio})")
     p.add_argument("--near-steps", type=int, default=d.near_steps,
                    help="updates of the near control, which is also rpt-sem's scoring LM (default: --steps)")
+    p.add_argument("--near-lr", type=float, default=d.near_lr,
+                   help="peak learning rate of the near control, which is also rpt-sem's scoring LM (default: --lr)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per update (default {d.batch_size})")
     p.add_argument("--seq-len", type=int, default=d.seq_len,
                    help=f"tokens per document and training span, a multiple of 128 (default {d.seq_len})")
@@ -74,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                         f"--seq-len {args.seq_len}")
     if not 0.0 < args.min_lr_ratio <= 1.0:
         raise UserError(f"--min-lr-ratio {args.min_lr_ratio:g}: a fraction in (0, 1]")
+    if args.near_lr < 0 or not args.lr > 0:
+        raise UserError(f"--lr {args.lr:g} / --near-lr {args.near_lr:g}: a learning rate above 0 (--near-lr 0: --lr)")
     if args.near_steps < 0:
         raise UserError(f"--near-steps {args.near_steps}: 0 (same as --steps) or more")
     if args.scorer_k < 1:
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {key.removeprefix("model."): value for key, value in parse_sets(args.set, ("model",)).items()}
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
-                         min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps,
+                         min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps, near_lr=args.near_lr,
                          near_every_seed=not args.near_first_seed_only,
                          variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
                          progress=not args.no_progress,

@@ -8,7 +8,9 @@
                    through CCA.
 
 The far repeat distance follows from the model: a repeat lies at least (n_layers + 1) * segment_len + 1 tokens back
-(xl's reach with sliding windows), in whole 128-token passages, and at most twice that, inside the training span.
+(xl's reach with sliding windows), in whole passages (128 words by default, on the chunk grid; `passage_max` varies
+their length so that repeats fall at any offset to it, counted in the shortest), and at most twice that, inside the
+training span.
 
 Every variant of a seed starts from the same weights (paired initialisation) and sees fresh documents only (each
 training document is used once). rpt-sem's scoring LM is the near control of the first seed: an xl that has learned
@@ -56,6 +58,7 @@ class CopyTestSettings:
     warmup: int = 30
     min_lr_ratio: float = 0.1  # cosine decay to this fraction of lr (1: constant after warmup, for short runs)
     near_steps: int = 0  # updates of the near control, which is also rpt-sem's scoring LM (0: steps)
+    near_lr: float = 0.0  # peak learning rate of the near control (0: lr)
     near_every_seed: bool = True  # False: the near control (and scorer) runs for the first seed only
     batch_size: int = 4
     seq_len: int = 2048
@@ -188,7 +191,7 @@ def _train(setting: str, variant: str, root: Path, labels: Path | None, seed: in
     cfg = RPTConfig.from_preset(s.preset, variant=variant, vocab_size=vocab, segment_len=segment_len, **overrides)
     cfg.data.seq_len, cfg.data.store = s.seq_len, str(root)
     t = cfg.train
-    t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = (_steps(setting, s), s.lr, s.warmup, s.batch_size,
+    t.steps, t.lr, t.warmup_steps, t.batch_size, t.seed, t.out_dir = (_steps(setting, s), _lr(setting, s), s.warmup, s.batch_size,
                                                                       seed, str(run))
     t.min_lr_ratio = s.min_lr_ratio
     t.checkpoint_every, t.log_every = t.steps, 25
@@ -276,7 +279,7 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
         for setting, variant, root in plan:
             tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
             steps = _steps(setting, s)
-            tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s)  # a run resumes its own
+            tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s, setting)  # resumes its own
             run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()
             _train(setting, variant, root, labels.get(variant), seed, s, run)
@@ -305,8 +308,20 @@ def summary_path(s: CopyTestSettings) -> Path:
     return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{_tag(s)}{_lr_tag(s)}.json"
 
 
-def _lr_tag(s: CopyTestSettings) -> str:
-    return "" if s.min_lr_ratio == CopyTestSettings.min_lr_ratio else f"-minlr{s.min_lr_ratio:g}"
+def _lr(setting: str, s: CopyTestSettings) -> float:
+    """The peak learning rate of a run in `setting` (near | far): the near control's may differ."""
+    return s.near_lr if setting == "near" and s.near_lr else s.lr
+
+
+def _lr_tag(s: CopyTestSettings, setting: str | None = None) -> str:
+    """Run suffix of a learning rate and decay other than the defaults (a run's own, given its setting; for the summary
+    both the far and the near control's): runs that differ in them never resume each other."""
+    default = CopyTestSettings.lr
+    if setting is not None:
+        tag = "" if _lr(setting, s) == default else f"-lr{_lr(setting, s):g}"
+    else:
+        tag = ("" if s.lr == default else f"-lr{s.lr:g}") + (f"-nearlr{s.near_lr:g}" if _lr("near", s) != s.lr else "")
+    return tag + ("" if s.min_lr_ratio == CopyTestSettings.min_lr_ratio else f"-minlr{s.min_lr_ratio:g}")
 
 
 def _size_tag(s: CopyTestSettings) -> str:
