@@ -11,6 +11,9 @@ from rpt.config import RPT_VARIANTS as VARIANTS
 
 V, M, S = 101, 64, 128  # tiny preset: chunk 64, segment 128 -> chunks 4.. retrieve
 T = 1024  # 16 chunks, 8 segments
+# rpt-lex and rpt-sem are one model (the same class, parameters and forward: test_rpt_lex_and_rpt_sem_are_one_model);
+# they differ only in the labels they train on (tests/train, tests/test_learning.py), so the model's cases run rpt-sem
+MODELS = tuple(v for v in VARIANTS if v != "rpt-lex")
 
 
 def make(variant: str, gate: str = "paper", **kw) -> RPT:
@@ -48,7 +51,7 @@ def test_public_api_shape():
     assert out.neighbor_ids.shape == (2, 4, 2) and out.retrieval_scores.shape == (2, 4, 4)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODELS)
 @pytest.mark.parametrize("t", [1, 63, 64, 257, 64 * 9 + 63, 64 * 9 + 64, 1000])
 def test_no_leakage(variant, t):
     """Perturbing tokens at or after t changes no logit before t — through retrieval, query augmentation, gating
@@ -62,8 +65,8 @@ def test_no_leakage(variant, t):
     assert not torch.allclose(a.logits[:, t:], b.logits[:, t:])
 
 
-@pytest.mark.parametrize("variant", ["rpt-lex", "rpt-sem"])
-def test_no_leakage_with_scheduled_sampling(variant):
+def test_no_leakage_with_scheduled_sampling():
+    variant = "rpt-sem"
     model = make(variant)
     x = torch.randint(0, V, (1, T))
     use = torch.rand(1, T // M) < 0.5
@@ -104,9 +107,8 @@ def test_cca_alignment(variant):
     # gating attention lets later chunks see earlier neighbours, so only check where the first effect starts.
 
 
-@pytest.mark.parametrize("variant", ["rpt-lex", "rpt-sem"])
-def test_retrieval_respects_the_retrievable_set(variant):
-    model = make(variant)
+def test_retrieval_respects_the_retrievable_set():
+    model = make("rpt-sem")
     x = torch.randint(0, V, (2, T))
     out = model(x, retrieve_k=6)
     C = T // M
@@ -128,14 +130,17 @@ CCA_OPTIONS = [{}, {"cca_rel_bias": False, "cca_shift_values": False},
                {"cca_positions": False, "gate_on": "states", "cca_context_norm": False}]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("gate", ["paper", "clamp", "official", "bias"])
-@pytest.mark.parametrize("opts", range(len(CCA_OPTIONS)))
+GATES = ["paper", "clamp", "official", "bias"]
+# every (gate, CCA option) pair once, retro and rpt-sem alternating so that each meets every gate and every option
+# (a pairwise cover of variant x gate x option: 12 cases instead of 24); xl has no gate and no CCA
+CACHED_CASES = [("xl", "paper", 0)] + [("retro" if (g + o) % 2 == 0 else "rpt-sem", gate, o)
+                                       for g, gate in enumerate(GATES) for o in range(len(CCA_OPTIONS))]
+
+
+@pytest.mark.parametrize("variant, gate, opts", CACHED_CASES)
 def test_cached_step_equals_full_forward(variant, gate, opts):
     """Segment-by-segment (and token-by-token) inference with the cache computes the full forward's function, for
     every gate and CCA option (positions, relative bias, shifted values, what the gate scales, context norm)."""
-    if variant == "xl" and (gate != "paper" or opts):
-        pytest.skip("xl has no gate and no CCA")
     model = make(variant, gate, **CCA_OPTIONS[opts])
     Tn = T + 37  # a ragged end
     x = torch.randint(0, V, (2, Tn))
@@ -235,6 +240,29 @@ def test_paired_initialisation():
     assert torch.equal(a.layers[0].attn.qkv.weight, b.layers[0].attn.qkv.weight)
 
 
+def test_rpt_lex_and_rpt_sem_are_one_model():
+    """Built from one seed, rpt-lex and rpt-sem compute the same thing: logits, retrieval scores, neighbours and gates
+    (full forward and cached steps), and the same gradients. The model's cases above run rpt-sem for both."""
+    x = torch.randint(0, V, (2, T))
+    out, grads, steps = {}, {}, {}
+    for v in ("rpt-lex", "rpt-sem"):
+        model = make(v)
+        out[v] = model(x, retrieve_k=6)
+        s = out[v].retrieval_scores
+        (out[v].logits.square().mean() + s[torch.isfinite(s)].square().mean()).backward()  # every parameter's gradient
+        grads[v] = {n: p.grad for n, p in model.named_parameters()}
+        with torch.no_grad():
+            cache = model.new_cache()
+            steps[v] = torch.cat([model.step(x[:, i : i + 300], cache).logits for i in range(0, T, 300)], 1)
+    lex, sem = out["rpt-lex"], out["rpt-sem"]
+    assert torch.equal(lex.logits, sem.logits) and torch.equal(lex.retrieval_scores, sem.retrieval_scores)
+    assert torch.equal(lex.neighbor_ids, sem.neighbor_ids) and torch.equal(lex.top_ids, sem.top_ids)
+    assert torch.equal(lex.gates, sem.gates) and torch.equal(steps["rpt-lex"], steps["rpt-sem"])
+    assert grads["rpt-lex"].keys() == grads["rpt-sem"].keys()
+    for n, g in grads["rpt-sem"].items():
+        assert torch.equal(grads["rpt-lex"][n], g), n
+
+
 def test_every_parameter_gets_a_gradient():
     model = make("rpt-sem").train()
     model.cfg.dropout = 0.0
@@ -248,7 +276,7 @@ def test_every_parameter_gets_a_gradient():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODELS)
 def test_tiny_model_overfits_a_batch(variant):
     torch.manual_seed(0)
     model = RPT(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V))
@@ -326,7 +354,7 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
     assert prior[0, 2 * M - 1] == -4.0  # head 0: slope 16 * 2^-2, so the aligned key outweighs its neighbours e^4-fold
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODELS)
 def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
     """forward(loss_chunk=n) returns the LM loss without logits; loss and every parameter's gradient are those of the
     plain cross-entropy over the full logits (training's default path is the chunked one)."""
