@@ -31,12 +31,28 @@ def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch):
 
 
 def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch):
+    """Each probe's process starts with its own allocator setting, the two alternating by round. The probes are
+    scripted here (each is `measure_step`, a fresh process reading MALLOC_MMAP_THRESHOLD_ when it starts, run for real
+    by tests/test_bench_scale.py); their arguments must bind to `probe_step`'s."""
+    import inspect
+    import os
+
+    import rpt.experiments.bench as bench
+
+    probes = []
+
+    def fake(**spec):
+        inspect.signature(bench.probe_step).bind(**spec)
+        probes.append((spec["variant"], os.environ.get("MALLOC_MMAP_THRESHOLD_")))
+        return {"seconds_per_update": 0.1 * len(probes), "peak_bytes": 2**20 * len(probes)}
+
+    monkeypatch.setattr(bench, "measure_step", fake)
     out = tmp_path / "t.json"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "999")  # the benchmark sets it per probe and restores it after
     _load("malloc_threshold").main(["seq=256", "variants=xl", "rounds=2", "steps=2", f"out={out}"])
-    import os
 
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999"
+    assert probes == [("xl", None), ("xl", "131072"), ("xl", "131072"), ("xl", None)]  # default first, then fixed first
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == {"xl | default", "xl | fixed 131072"}
     assert all(len(r["seconds_per_update"]) == 2 and len(r["peak_bytes"]) == 2 for r in rows.values())
