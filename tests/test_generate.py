@@ -59,15 +59,17 @@ def causal_bm25(seq: list[int], n_chunks: int, k: int, cache: dict[int, np.ndarr
 def test_greedy_cached_equals_recomputed_forward(variant, n_new):
     """KV-cached decoding with retrieval at every chunk boundary gives the tokens of re-running the full forward over
     prompt + generated at every step (300-token prompt: chunk 4 retrieves at prefill; new tokens cross the chunk
-    boundaries at 320 and 384 (a segment boundary too) and, for rpt-sem, 448)."""
+    boundaries at 320 and 384 (a segment boundary too) and, for rpt-sem, 448). The full forward is causal
+    (tests/model/test_model.py::test_no_leakage): one pass over prompt + generated gives, at each position, the logits
+    of re-running it on the tokens up to there, so its argmax there is the token each step must have chosen."""
     model = make(variant)
     p = prompt(300)
     got = generate(model, [p], GenerateConfig(max_new_tokens=n_new, greedy=True))[0]
-    seq, bm25_rows = list(p), {}
-    for _ in range(n_new):
-        nb = causal_bm25(seq, len(seq) // M, 2, bm25_rows) if variant == "retro" else None
-        seq.append(int(model(torch.tensor([seq]), neighbor_ids=nb).logits[0, -1].argmax()))
-    assert got.tokens == seq[len(p):]
+    seq = p + got.tokens
+    nb = causal_bm25(seq, len(seq) // M, 2, {}) if variant == "retro" else None  # chunk i's from the text up to it
+    with torch.no_grad():
+        logits = model(torch.tensor([seq]), neighbor_ids=nb).logits[0]
+    assert got.tokens == logits[len(p) - 1 : -1].argmax(-1).tolist()
     assert len(set(got.tokens)) > 10  # the model does not just repeat one token
     if variant == "xl":
         assert got.retrievals == []
