@@ -11,7 +11,7 @@ from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytes
 
 
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
-    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=2, eval_docs=2, progress=False,
+    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=1, eval_docs=1, progress=False,
                          variants=("retro", "rpt-lex", "rpt-sem"), near_steps=4)
     summary = run_copytest(s)
     runs = {(r["setting"], r["variant"]) for r in summary["runs"]}
@@ -25,7 +25,7 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     assert {"retro far ppl gain", "rpt-sem far ppl gain, oracle"} <= set(summary["verdict"])
     far_cmd, near_cmd = (next(c for c in summary["commands"] if f"synthetic:{k}" in c) for k in ("copy-far", "copy-near"))
     assert "p=1" in far_cmd and "p=" not in near_cmd  # far repeats every passage from the 7th on; near keeps 0.5
-    assert "docs=8&" in near_cmd and "docs=6&" in far_cmd  # the near control's 4 updates see fresh documents too
+    assert "docs=4&" in near_cmd and "docs=3&" in far_cmd  # updates x batch: the near control's 4 see fresh ones too
     # rpt-sem's labels and the oracle are scored by the (first) near control, and say so in their folder name
     sem = [c for c in summary["commands"] if "--kind sem" in c]
     assert len(sem) == 2 and all("--scorer " + str(tmp_path / "ct" / "runs" / "near-xl-seed0-4steps") in c for c in sem)
