@@ -1,5 +1,11 @@
-"""scripts/domain_sweep.sh, the per-domain comparison of docs/results/domains.md, runs as written: lex labels, the
-seed-0 xl as the sem scorer, sem labels, the sweep and the table; run again, it redoes nothing."""
+"""scripts/domain_sweep.sh, the per-domain comparison of docs/results/domains.md: lex labels, the seed-0 xl as the sem
+scorer, sem labels, the sweep and the table; run again, it redoes nothing.
+
+In the default suite the script runs dry, with a stand-in `rpt` that records its commands: each parses, they come in
+order with the right scorer, labels and paper figures, and a second run runs only the two sweeps, with the same
+arguments (a finished sweep redoes nothing: tests/test_sweep.py). The same script runs end to end on a CPU in
+tests/test_gpu_retrieval.py (scripts/gpu_retrieval.sh is this script with other settings) and, at these settings,
+under -m slow here."""
 
 import json
 import os
@@ -10,25 +16,60 @@ from pathlib import Path
 
 import pytest
 
-from rpt.cli import main
+from rpt.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 RPT = Path(sys.executable).parent / "rpt"
+SPEC = "synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4"
+SETTINGS = {"STEPS": "2", "SEEDS": "0", "VARIANTS": "xl,retro,rpt-sem", "SEQ_LEN": "512", "SEGMENT": "64"}
 
 
+def run_script(out: Path, rpt: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **SETTINGS, OUT=str(out), RPT=str(rpt))
+    return subprocess.run(["bash", str(ROOT / "scripts" / "domain_sweep.sh"), SPEC, "pg19"], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_domain_sweep_script_runs_its_commands_in_order_and_resumes_dry(tmp_path, recording_command):
+    rpt = recording_command("rpt")
+    out = tmp_path / "dom"
+    store = out / "store"
+    done = run_script(out, rpt, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = recording_command.calls("rpt")
+    parser = build_parser()
+    args = [parser.parse_args(argv) for argv in calls]  # every command names only flags its verb has
+    assert [a[0] for a in calls] == ["prepare", "label", "sweep", "label", "label", "sweep"]
+    prepare, lex, scorer_sweep, sem_train, sem_test, sweep = args
+    assert prepare.corpus == SPEC and Path(prepare.out) == store
+    assert (lex.kind, lex.split, lex.span, lex.k, lex.segment_len) == ("lex", "train", "512", 4, 64)
+    assert (scorer_sweep.variants, scorer_sweep.seeds, scorer_sweep.paper) == ("xl", "0", "pg19")
+    # the sem labels of train and test are scored by the sweep's own seed-0 xl, trained by the sweep above
+    xl = out / "sweep" / "xl-seed0"
+    assert (sem_train.kind, sem_train.split, sem_train.span, Path(sem_train.scorer)) == ("sem", "train", "512", xl)
+    assert (sem_test.kind, sem_test.split, sem_test.span, Path(sem_test.scorer)) == ("sem", "test", "doc", xl)
+    assert (sweep.variants, sweep.seeds, sweep.paper) == ("xl,retro,rpt-sem", "0", "pg19")
+    assert sweep.test_labels == store / "labels" / "test-sem-doc" and sweep.out == scorer_sweep.out == out / "sweep"
+    assert sweep.train_args == scorer_sweep.train_args  # the scorer is the sweep's own seed-0 xl run: one setting
+    train = parser.parse_args(["train", *sweep.train_args])
+    assert (Path(train.store), train.seq_len, train.steps) == (store, 512, 2) and "model.segment_len=64" in train.set
+
+    # run again with the outputs in place (the names `rpt prepare` and `rpt label` write): only the sweeps run again
+    (store / "labels").mkdir(parents=True)
+    (store / "tokenizer.json").write_text("{}")
+    for name in ("train-lex-512", "train-sem-512", "test-sem-doc"):
+        (store / "labels" / name).mkdir()
+    again = run_script(out, rpt, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert recording_command.calls("rpt")[len(calls):] == [calls[2], calls[5]]
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not RPT.exists(), reason="the rpt console script is not installed beside this python")
 def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):
     out = tmp_path / "dom"
-    spec = "synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4"
-    assert main(["prepare", "--corpus", spec, "--out", str(out / "store"), "--no-progress"]) == 0  # skips `prepare`
-    env = dict(os.environ, STEPS="2", SEEDS="0", VARIANTS="xl,retro,rpt-sem", SEQ_LEN="512", SEGMENT="64",
-               OUT=str(out), RPT=str(RPT))
-
-    def run():
-        return subprocess.run(["bash", str(ROOT / "scripts" / "domain_sweep.sh"), spec, "pg19"], env=env,
-                              capture_output=True, text=True, timeout=600)
-
-    done = run()
+    assert main(["prepare", "--corpus", SPEC, "--out", str(out / "store"), "--no-progress"]) == 0  # skips `prepare`
+    done = run_script(out, RPT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(re.findall(r"^labels: ", done.stdout, re.M)) == 3  # lex, sem train, sem test
     labels = sorted(p.name for p in (out / "store" / "labels").iterdir())
@@ -40,7 +81,7 @@ def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):
     sem = json.loads((out / "store" / "labels" / "train-sem-512" / "manifest.json").read_text())
     assert str(out / "sweep" / "xl-seed0") in json.dumps(sem)  # scored by the sweep's own seed-0 xl
 
-    again = run()
+    again = run_script(out, RPT)
     assert again.returncode == 0, again.stderr[-2000:]
     counts = re.findall(r"(\d+) jobs, (\d+) already done", again.stdout)
     assert len(counts) == 2 and all(total == done_ for total, done_ in counts)  # both sweeps: nothing left to do
