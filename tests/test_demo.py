@@ -2,7 +2,6 @@
 training rows on a store made by the pipeline's own verbs."""
 
 import json
-import statistics
 
 import pytest
 
@@ -48,15 +47,13 @@ def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
         assert main(argv) == 0, argv
     bench = tmp_path / "bench.json"
     assert main(["bench", "--store", str(store), "--seq-len", "512", "--segment-len", "64", "--steps", "5",
-                 "--rounds", "2", "--eval-lengths", "512,1024", "--skip-labels", "--out", str(bench)]) == 0
+                 "--rounds", "1", "--eval-lengths", "512,1024", "--skip-labels", "--out", str(bench)]) == 0
     b = json.loads(bench.read_text())
     assert set(b["training"]["variants"]) == set(VARIANTS)  # the baselines beside RPT's four
-    assert b["training"]["rounds"] == 2
-    xl_rounds = b["training"]["variants"]["xl"]["rounds"]["seconds_per_update"]
-    for v, x in b["training"]["variants"].items():  # per round: the variant's time over xl's in the same round
-        want = [a / c for a, c in zip(x["rounds"]["seconds_per_update"], xl_rounds, strict=True)]
-        assert len(want) == 2 and x["rounds"]["time_vs_xl"] == pytest.approx(want), v
-        assert x["time_vs_xl"] == pytest.approx(statistics.median(want)), v
+    assert b["training"]["rounds"] == 1  # rounds in alternating order: tests/test_bench_training.py
+    xl = b["training"]["variants"]["xl"]["seconds_per_update"]
+    for v, x in b["training"]["variants"].items():  # each variant's time over xl's
+        assert x["seconds_per_update"] > 0 and x["time_vs_xl"] == pytest.approx(x["seconds_per_update"] / xl), v
     sizes = [r["memory_bytes"] for r in b["eval_scaling"]["rows"]]
     assert 1.8 < sizes[1] / sizes[0] < 2.2  # the document memory grows linearly with the document
 
