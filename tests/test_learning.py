@@ -20,6 +20,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -140,23 +141,24 @@ STEPS, LAST = 30, 10  # updates; the stored loss is the mean LM loss of the last
 TOLERANCE = 0.005
 
 
-def final_loss(variant: str, tmp: Path) -> float:
-    """The mean LM loss of the last LAST of STEPS updates of `variant` through `rpt.train.loop.train`, seed 0."""
+def final_loss(variant: str, tmp: Path) -> tuple[float, Any]:
+    """The mean LM loss of the last LAST of STEPS updates of `variant` through `rpt.train.loop.train`, seed 0, and the
+    run's result (its log, every 5 updates, in tmp / "run")."""
     from rpt.train.loop import train
 
     store = make_store(tmp / "store" / "train", LENGTHS)
     cfg = tiny_config(tmp, variant, model={"recurrent_state": 16, "memory_tokens": 256, "memory_topk": 8},
-                      steps=STEPS, warmup_steps=5, alpha_ramp_steps=10, checkpoint_every=STEPS, log_every=STEPS,
+                      steps=STEPS, warmup_steps=5, alpha_ramp_steps=10, checkpoint_every=STEPS, log_every=5,
                       optimizer="adamw")
     labels = None
     if cfg.model.uses_retrieval:
         kind = "sem" if variant == "rpt-sem" else "lex"
         labels = write_label_store(tmp / "labels", make_labels(LENGTHS, 64, 8, 16, kind=kind))
     losses: list[float] = []
-    train(cfg, store.parent, labels, progress=False, device="cpu", memory_check=False,
-          on_step=lambda step, m: losses.append(m["lm_loss"]))
+    result = train(cfg, store.parent, labels, progress=False, device="cpu", memory_check=False,
+                   on_step=lambda step, m: losses.append(m["lm_loss"]))
     assert len(losses) == STEPS
-    return float(np.mean(losses[-LAST:]))
+    return float(np.mean(losses[-LAST:])), result
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +168,20 @@ def expected() -> dict:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_variant_reaches_its_stored_loss(variant, expected, tmp_path):
+    """Every variant through the training loop: its loss at the stored value; its log shows the LM loss falling and,
+    for rpt-lex and rpt-sem, the retrieval loss and metrics; its last checkpoint is the last update's."""
     want = expected["losses"][variant]
-    got = final_loss(variant, tmp_path)
+    got, result = final_loss(variant, tmp_path)
     assert abs(got - want) <= expected["tolerance"], (
         f"{variant}: mean LM loss of updates {STEPS - LAST + 1}-{STEPS} is {got:.5f}, stored {want:.5f} "
         f"(tolerance {expected['tolerance']}); if the change of training was meant, regenerate: "
         f"{expected['regenerate']}")
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["lm_loss"] < log[0]["lm_loss"] - 0.5
+    if variant.startswith("rpt"):
+        assert {"ret_loss", "recall@2", "p_ss", "tau", "alpha_ret"} <= set(log[-1])
+        assert log[-1]["ret_pairs"] > 0
+    assert result.step == STEPS and result.checkpoint.name == f"step_{STEPS:08d}"
 
 
 def test_the_stored_losses_cover_every_variant_and_show_learning(expected):
@@ -187,7 +197,7 @@ def regenerate() -> None:
     losses = {}
     for variant in VARIANTS:
         with tempfile.TemporaryDirectory() as tmp:
-            losses[variant] = round(final_loss(variant, Path(tmp)), 5)
+            losses[variant] = round(final_loss(variant, Path(tmp))[0], 5)
         print(f"{variant}: {losses[variant]}")
     EXPECTED.write_text(json.dumps({
         "regenerate": ".venv/bin/python tests/test_learning.py --regenerate",

@@ -7,7 +7,6 @@ import torch
 from train_helpers import StandIn, make_labels, tiny_config, write_label_store
 
 from rpt import checkpoint as ck
-from rpt.config import VARIANTS
 from rpt.train.data import LabelMismatch, SequenceDataset, open_store
 from rpt.train.loop import NonFiniteLoss, prepare, train
 
@@ -221,16 +220,13 @@ def test_prepare_feeds_gold_neighbours_and_the_sampling_mask(corpus):
     assert prepare(batch, tiny_config(corpus["tmp"], variant="xl").model, 1.0, 0, torch.device("cpu")).model_kwargs == {}
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_a_tiny_rpt_lowers_its_loss_for_every_variant(corpus, variant):
-    cfg = tiny_config(corpus["tmp"], variant=variant, steps=30, lr=1e-2, warmup_steps=2, log_every=5, checkpoint_every=30)
-    res = train(cfg, corpus["root"], corpus["labels"] if cfg.model.uses_retrieval else None, progress=False)
+def test_rpt_lex_trains_on_the_bm25_columns_of_sem_labels(corpus):
+    """rpt-lex, like retro, reads the BM25 columns of labels of either kind: the corpus's labels are sem ones. (Every
+    variant's training on labels of its own kind, its loss, log and checkpoints: tests/test_learning.py.)"""
+    res = train(tiny_config(corpus["tmp"], variant="rpt-lex", steps=2, log_every=1), corpus["root"], corpus["labels"],
+                progress=False)
     log = read_log(corpus["tmp"] / "run")
-    assert log[-1]["lm_loss"] < log[0]["lm_loss"] - 0.5
-    if variant.startswith("rpt"):
-        assert {"ret_loss", "recall@2", "p_ss", "tau", "alpha_ret"} <= set(log[-1])
-        assert log[-1]["ret_pairs"] > 0
-    assert res.step == 30 and res.checkpoint.name == "step_00000030"
+    assert res.step == 2 and {"ret_loss", "recall@2"} <= set(log[-1]) and all(r["ret_pairs"] > 0 for r in log)
 
 
 def test_gate_hold_keeps_the_neighbour_gate_at_its_initial_values(corpus):
