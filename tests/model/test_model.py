@@ -276,8 +276,11 @@ def test_every_parameter_gets_a_gradient():
     assert not missing, missing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", MODELS)
 def test_tiny_model_overfits_a_batch(variant):
+    """80 updates on one batch take the loss from ln(101) to under 0.5 (20 s on 2 cores). By default every variant's
+    learning is checked by tests/test_learning.py: its loss after 30 updates through the training loop, to 0.005 nats."""
     torch.manual_seed(0)
     model = RPT(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V))
     x = torch.randint(0, V, (1, 384))  # 6 chunks: chunks 4 and 5 retrieve
