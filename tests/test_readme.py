@@ -113,6 +113,7 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
             extra = ["--corpus", SHORT_STDLIB]
         if verb == "sweep":  # its own flags go before `--` (after it, SMALL's are train arguments); the test split
             extra = ["--max-documents", "1", "--seeds", "0"]  # is labelled for its first document only (above)
+            extra += ["--dry-run"]  # its plan: every run and evaluation it would make (tests/test_sweep.py runs them)
             i = argv.index("--")
             argv = [*argv[:i], *extra, *argv[i:]]
             extra = []
