@@ -9,7 +9,11 @@ from rpt.cli import main
 from rpt.config import VARIANTS
 
 
-def test_demo_end_to_end(tmp_path, capsys):
+def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
+    import rpt.experiments.demo as demo
+
+    # smaller still: one document per update, one test document (the copy test's flags, printed with its command)
+    monkeypatch.setattr(demo, "COPY_SIZE", {**demo.COPY_SIZE, "batch_size": 1, "eval_docs": 1})
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--seeds", "0,1", "--steps", "2", "--near-steps", "3", "--no-progress"]) == 0
     res = out / "results"
@@ -27,6 +31,7 @@ def test_demo_end_to_end(tmp_path, capsys):
         assert (res / f).stat().st_size > 1000, f
     text = capsys.readouterr().out
     assert "$ rpt copytest" in text and "$ rpt explore" in text and "source@1" in text and "± " in text
+    assert "--batch-size 1 --eval-docs 1" in text
     assert "longer comparisons:" in text and "scripts/domain_sweep.sh" in text
 
 
