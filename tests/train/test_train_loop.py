@@ -103,15 +103,30 @@ def _ddp_worker(rank: int, world: int, port: int, cfg, root, labels, fsdp: bool 
     train(cfg, root, labels, device="cpu", progress=False, fsdp=fsdp)
 
 
-def test_two_gloo_processes_give_the_loss_of_one(corpus):
+def _forked_ranks(world: int, cfg, root, labels, limit_s: float = 300) -> None:
+    """Train on `world` gloo ranks forked from this process (they start with its imports: a second each, where spawned
+    processes each import torch again; the -m slow FSDP test below spawns them), failing after `limit_s`."""
+    import time
+
     import torch.multiprocessing as mp
 
+    ctx = mp.start_processes(_ddp_worker, args=(world, _free_port(), cfg, root, labels), nprocs=world, join=False,
+                             start_method="fork")
+    deadline = time.monotonic() + limit_s
+    while not ctx.join(timeout=1):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the {world} ranks did not finish in {limit_s:.0f} s")
+
+
+def test_two_gloo_processes_give_the_loss_of_one(corpus):
     tmp = corpus["tmp"]
     kw = dict(steps=3, ss_fraction=1.0, checkpoint_every=3)
     one = tiny_config(tmp, out_dir=str(tmp / "one"), batch_size=2, grad_accum=2, **kw)
     single = train(one, corpus["root"], corpus["labels"], progress=False)
     two = tiny_config(tmp, out_dir=str(tmp / "two"), batch_size=1, grad_accum=2, **kw)  # 2 ranks x 2 x 1 = 4 as well
-    mp.spawn(_ddp_worker, args=(2, _free_port(), two, corpus["root"], corpus["labels"]), nprocs=2, join=True)
+    _forked_ranks(2, two, corpus["root"], corpus["labels"])
     l1, l2 = read_log(tmp / "one"), read_log(tmp / "two")
     assert len(l1) == len(l2) == 3
     for a, b in zip(l1, l2, strict=True):
