@@ -29,7 +29,9 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     # rpt-sem's labels and the oracle are scored by the (first) near control, and say so in their folder name
     sem = [c for c in summary["commands"] if "--kind sem" in c]
     assert len(sem) == 2 and all("--scorer " + str(tmp_path / "ct" / "runs" / "near-xl-seed0-4steps") in c for c in sem)
-    assert (tmp_path / "ct" / "runs" / "far-rpt-sem-seed0-3steps").is_dir()  # runs of other lengths never mix
+    # runs of other lengths never mix; rpt-sem's names its scorer's updates (another scorer, other labels)
+    assert (tmp_path / "ct" / "runs" / "far-rpt-sem-seed0-3steps-scorer4steps").is_dir()
+    assert (tmp_path / "ct" / "runs" / "far-retro-seed0-3steps").is_dir()
     assert not summary["verdict"]["passed"]  # 3 updates teach nothing: the test can fail
     assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
 
@@ -111,3 +113,11 @@ def test_a_near_control_learning_rate_of_its_own_names_its_runs_and_summary():
     assert (_lr_tag(own, "near"), _lr_tag(own, "far")) == ("-lr0.003", "")  # the far runs are the default's
     assert summary_path(own).name == "copytest-nearlr0.003.json"
     assert _lr_tag(both, "far") == "-lr0.003" and summary_path(both).name == "copytest-lr0.003.json"
+
+
+def test_rpt_sem_runs_are_named_by_their_scorer_so_another_scorer_never_resumes_them():
+    from rpt.experiments.copytest import _scorer_tag
+
+    assert _scorer_tag(CopyTestSettings()) == ""  # the near control trains as the far runs do
+    assert _scorer_tag(CopyTestSettings(steps=100, near_steps=400)) == "-scorer400steps"
+    assert _scorer_tag(CopyTestSettings(near_lr=3e-3)) == "-scorerlr0.003"

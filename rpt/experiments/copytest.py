@@ -280,6 +280,8 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
             tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
             steps = _steps(setting, s)
             tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s, setting)  # resumes its own
+            if variant == "rpt-sem":  # its labels come from the near control: another scorer, another run
+                tag += _scorer_tag(s)
             run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()
             _train(setting, variant, root, labels.get(variant), seed, s, run)
@@ -306,6 +308,12 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
 def summary_path(s: CopyTestSettings) -> Path:
     """Where a copy test with these settings writes its summary (one file per size, corpus and ablation)."""
     return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{_tag(s)}{_lr_tag(s)}.json"
+
+
+def _scorer_tag(s: CopyTestSettings) -> str:
+    """Run suffix of rpt-sem when its scorer, the near control, trains other than by default (updates, rate)."""
+    steps, lr = _steps("near", s), _lr("near", s)
+    return ("" if steps == s.steps else f"-scorer{steps}steps") + ("" if lr == s.lr else f"-scorerlr{lr:g}")
 
 
 def _lr(setting: str, s: CopyTestSettings) -> float:
