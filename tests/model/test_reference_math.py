@@ -72,6 +72,14 @@ def attention(attn, queries: list[torch.Tensor], keys: list[torch.Tensor], visib
     H, D = attn.n_heads, attn.q.weight.shape[0]
     E = D // H
     Wq, Wk, Wv, Wo = attn.q.weight, attn.kv.weight[:D], attn.kv.weight[D:], attn.out.weight
+    key_value: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (key, head): each computed once
+
+    def kv(s: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if (s, h) not in key_value:
+            k = heads(Wk @ keys[s], H)[h]
+            key_value[s, h] = (rope(k, k_pos[s], base) if k_pos is not None else k), heads(Wv @ keys[s], H)[h]
+        return key_value[s, h]
+
     outs = []
     for t, xq in enumerate(queries):
         concat = []
@@ -80,14 +88,12 @@ def attention(attn, queries: list[torch.Tensor], keys: list[torch.Tensor], visib
             if q_pos is not None:
                 q = rope(q, q_pos[t], base)
             logits, values = [], []
-            for s, xk in enumerate(keys):
+            for s in range(len(keys)):
                 if visible is not None and not visible(t, s):
                     continue
-                k = heads(Wk @ xk, H)[h]
-                if k_pos is not None:
-                    k = rope(k, k_pos[s], base)
+                k, v = kv(s, h)
                 logits.append(float(q @ k) / math.sqrt(E))
-                values.append(heads(Wv @ xk, H)[h])
+                values.append(v)
             p = softmax(logits)
             concat.append(sum(pi * v for pi, v in zip(p, values, strict=True)))
         outs.append(Wo @ torch.cat(concat))
