@@ -42,7 +42,7 @@ def test_demo_refuses_a_variant_without_retrieval(tmp_path, capsys):
 
 def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
     store = tmp_path / "store"
-    corpus = "synthetic:copy-far?docs=6&eval_docs=2&passages=32&passage=64&distance=2-4"
+    corpus = "synthetic:copy-far?docs=3&eval_docs=2&passages=32&passage=64&distance=2-4"  # 12 spans of 512 tokens
     span = ["--span", "512", "--segment-len", "64", "--k", "4", "--no-progress"]
     for argv in (["prepare", "--corpus", corpus, "--tokenizer", "corpus", "--out", str(store), "--no-progress"],
                  ["train", "--preset", "tiny", "--variant", "xl", "--store", str(store), "--seq-len", "512", "--set",
@@ -52,7 +52,7 @@ def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
         assert main(argv) == 0, argv
     bench = tmp_path / "bench.json"
     assert main(["bench", "--store", str(store), "--seq-len", "512", "--segment-len", "64", "--steps", "5",
-                 "--rounds", "1", "--eval-lengths", "512,1024", "--skip-labels", "--out", str(bench)]) == 0
+                 "--batch-size", "1", "--rounds", "1", "--eval-lengths", "512,1024", "--skip-labels", "--out", str(bench)]) == 0
     b = json.loads(bench.read_text())
     assert set(b["training"]["variants"]) == set(VARIANTS)  # the baselines beside RPT's four
     assert b["training"]["rounds"] == 1  # rounds in alternating order: tests/test_bench_training.py
