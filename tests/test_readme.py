@@ -4,8 +4,8 @@ and docs/cli.md's worked example of every verb.
 The commands are read from the files themselves (their bare fenced blocks), so an example that stops fitting the next
 one (labels of another span or segment, a prompt file that does not exist) fails here. Each runs
 through `rpt.cli.main` with flags appended that only make it small (fewer documents, updates, tokens): appended flags
-win in argparse, and none of them changes what the command means. docs/cli.md's `--corpus stdlib` reads three short
-modules of the same standard library per split (`stdlib:<names>`): every later command reads test document 0, and
+win in argparse, and none of them changes what the command means. docs/cli.md's `--corpus stdlib` reads a few short
+modules of the same standard library (`stdlib:<names>`): every later command reads test document 0, and
 the full library's (enum, 38k tokens) would make this test take minutes. Not run here, each covered elsewhere: `torchrun`
 (8 GPUs), `rpt demo` (tests/test_demo.py), `rpt copytest` (tests/test_copytest.py), `rpt bench` (minutes of timing).
 """
@@ -34,8 +34,8 @@ SMALL = {  # verb -> flags appended to make it quick
     "export": [],
 }
 ELSEWHERE = {"demo", "copytest", "bench"}
-# docs/cli.md's stdlib, three short modules per split (sorted within a split; split_of fixes which split each is in)
-SHORT_STDLIB = "stdlib:__future__,_compat_pickle,_markupbase,_py_abc,_sitebuiltins,_weakrefset,fnmatch,hmac,sched"
+# docs/cli.md's stdlib as a few short modules: two train, three validation, three test (split_of fixes each one's split)
+SHORT_STDLIB = "stdlib:__future__,_compat_pickle,_py_abc,_sitebuiltins,_weakrefset,fnmatch,hmac,sched"
 
 
 def commands_in(section: str) -> list[str]:
