@@ -9,6 +9,7 @@ moved apart; the shared piece belongs in the lower module, or in a small module 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int
     return found
 
 
+@functools.cache  # one parse of the library for the checks below (none changes the graph)
 def import_graph() -> dict[str, dict[str, int]]:
     modules = module_names()
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
