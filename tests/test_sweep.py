@@ -16,7 +16,7 @@ SMALL = ["--preset", "tiny", "--steps", "3", "--seq-len", "512", "--batch-size",
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep") / "store"
-    spec = "synthetic:copy-far?docs=8&eval_docs=2&passages=8&passage=64&distance=2-4"
+    spec = "synthetic:copy-far?docs=8&eval_docs=1&passages=8&passage=64&distance=2-4"  # one test document to evaluate
     assert main(["prepare", "--corpus", spec, "--out", str(root), "--no-progress"]) == 0
     assert main(["label", "--store", str(root), "--split", "train", "--kind", "lex", "--span", "512",
                  "--segment-len", "64", "--no-progress"]) == 0
