@@ -278,7 +278,7 @@ def test_compiled_training_matches_eager_and_writes_the_same_checkpoint_keys(cor
     the test below, under -m slow."""
     compile_module = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, **{**kw, "backend": "eager"}))
-    compiled_training_matches_eager(corpus)
+    compiled_training_matches_eager(corpus, model={"n_layers": 2, "cca_layers": [1]})  # each kind of layer once
 
 
 @pytest.mark.slow
@@ -288,10 +288,10 @@ def test_inductor_compiled_training_matches_eager(corpus):
     compiled_training_matches_eager(corpus)
 
 
-def compiled_training_matches_eager(corpus):
+def compiled_training_matches_eager(corpus, model: dict | None = None):
     runs = {}
     for comp in (False, True):
-        cfg = tiny_config(corpus["tmp"] / f"compile{comp}", steps=2, compile=comp)
+        cfg = tiny_config(corpus["tmp"] / f"compile{comp}", steps=2, compile=comp, model=model)
         runs[comp] = train(cfg, corpus["root"], corpus["labels"], progress=False)
     a, b = (read_log(corpus["tmp"] / f"compile{c}" / "run") for c in (False, True))
     assert [r["lm_loss"] for r in a] == pytest.approx([r["lm_loss"] for r in b], rel=1e-4)
