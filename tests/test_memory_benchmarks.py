@@ -23,7 +23,7 @@ def _load(name: str):
 def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch):
     out = tmp_path / "m.json"
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    _load("memory_estimate").main(["seq=256", "variants=xl", "batch=1", "set=model.dropout=0.05;model.attn_dropout=0",
+    _load("memory_estimate").main(["seq=256", "variants=rpt-sem", "batch=1", "set=model.dropout=0.05;model.attn_dropout=0",
                                    f"out={out}"])
     row = json.loads(out.read_text())["rows"][0]
     assert row["overrides"] == {"model.dropout": 0.05, "model.attn_dropout": 0}
