@@ -43,7 +43,7 @@ def test_demo_refuses_a_variant_without_retrieval(tmp_path, capsys):
 def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
     store = tmp_path / "store"
     corpus = "synthetic:copy-far?docs=3&eval_docs=2&passages=32&passage=64&distance=2-4"  # 12 spans of 512 tokens
-    span = ["--span", "512", "--segment-len", "64", "--k", "4", "--no-progress"]
+    span = ["--span", "512", "--segment-len", "64", "--k", "2", "--no-progress"]
     for argv in (["prepare", "--corpus", corpus, "--tokenizer", "corpus", "--out", str(store), "--no-progress"],
                  ["train", "--preset", "tiny", "--variant", "xl", "--store", str(store), "--seq-len", "512", "--set",
                   "model.segment_len=64", "--steps", "2", "--out", str(tmp_path / "scorer"), "--no-progress"],

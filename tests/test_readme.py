@@ -23,7 +23,7 @@ README = ROOT / "README.md"
 CLI = ROOT / "docs" / "cli.md"
 SMALL = {  # verb -> flags appended to make it quick
     "prepare": ["--max-documents", "3"],
-    "label": ["--k", "4", "--no-progress"],
+    "label": ["--k", "2", "--no-progress"],
     "train": ["--steps", "2", "--no-progress"],
     "eval": ["--max-documents", "1", "--no-progress"],
     "generate": ["--max-new-tokens", "8"],
