@@ -11,7 +11,7 @@ from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytes
 
 
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
-    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=1, eval_docs=1, progress=False,
+    s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=1, eval_docs=1, scorer_k=2, progress=False,
                          variants=("retro", "rpt-lex", "rpt-sem"), near_steps=4)
     summary = run_copytest(s)
     runs = {(r["setting"], r["variant"]) for r in summary["runs"]}
