@@ -265,8 +265,12 @@ def test_export_errors_are_one_line(exported, tmp_path, capsys):
     assert (exported["rpt-sem"]["folder"] / "config.json").is_file()  # a refused export leaves --out as it was
 
 
+@pytest.mark.slow
 def test_import_rpt_registers_without_loading_transformers():
-    """`import rpt` stays light; the Auto classes know "rpt" once transformers loads, in whichever order."""
+    """`import rpt` stays light; the Auto classes know "rpt" once transformers loads, in whichever order. A fresh
+    interpreter loading transformers (8 s on 2 cores); by default tests/test_api.py checks in a fresh interpreter that
+    `import rpt` loads neither torch nor transformers, and this file's tests load exported models through the Auto
+    classes in a process that imported rpt first."""
     code = ("import sys, rpt; assert 'transformers' not in sys.modules and 'torch' not in sys.modules; "
             "from transformers import AutoConfig; print(type(AutoConfig.for_model('rpt')).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
