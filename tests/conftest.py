@@ -4,6 +4,8 @@ import pytest
 import torch
 
 # Two cores here: one thread per test process keeps timings stable and avoids oversubscription.
+# tests/durations.txt lists the slowest tests of a measured run of the default suite (command and machine at its top):
+# start there when the suite needs to be faster.
 torch.set_num_threads(int(os.environ.get("RPT_TEST_THREADS", "1")))
 
 
