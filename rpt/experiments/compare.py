@@ -265,33 +265,11 @@ BOOTSTRAP = 2000  # resamples of the test documents behind each interval
 BOOTSTRAP_SEED = 0
 
 
-def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int, dict[int, tuple[float, int]]],
-                    draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
-    """95% interval of the seeds' mean of ppl(num) / ppl(den) under resampling the test documents (module docstring).
-    num, den: seed -> {document index: (NLL sum, tokens)}; only seeds and documents present on both sides count.
-    Returns (low, high, number of documents), or None with fewer than two documents."""
-    import numpy as np
-
-    seeds = sorted(set(num) & set(den))
-    docs = sorted(set.intersection(*(set(num[x]) & set(den[x]) for x in seeds))) if seeds else []
-    if len(docs) < 2:
-        return None
-    arr = np.array([[[*num[x][d], *den[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
-    rng = np.random.default_rng(seed)
-    # how often each document is drawn in each resample (n draws with replacement): [draws, docs]
-    counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
-    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]: resampled NLL and token totals of both sides
-    ratios = np.exp(sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]).mean(axis=0)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi), len(docs)
-
-
-def bootstrap_difference(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
-                         draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
-    """95% interval of the seeds' mean of mean(a) - mean(b) under resampling the test documents, where a, b: seed ->
-    {document index: (metric sum over its query chunks, query chunks)} and each side's mean is its resampled sum over
-    its resampled count (the pooled, "micro" mean of rpt.eval.metrics). Only seeds and documents on both sides count.
-    Returns (low, high, number of documents), or None with fewer than two documents."""
+def _resampled_means(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
+                     draws: int, seed: int):
+    """Resample the test documents: ([seeds, draws] pooled mean of a, the same of b, number of documents), where a, b:
+    seed -> {document index: (sum, count)} (NLL and tokens, or a metric and its query chunks); one draw serves every
+    seed and both sides; only seeds and documents on both sides count. None with fewer than two documents."""
     import numpy as np
 
     seeds = sorted(set(a) & set(b))
@@ -300,15 +278,47 @@ def bootstrap_difference(a: dict[int, dict[int, tuple[float, int]]], b: dict[int
         return None
     arr = np.array([[[*a[x][d], *b[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
     rng = np.random.default_rng(seed)
+    # how often each document is drawn in each resample (n draws with replacement): [draws, docs]
     counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
-    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]
+    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]: resampled sums and counts of both sides
     with np.errstate(invalid="ignore", divide="ignore"):
-        diff = (sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]).mean(axis=0)
-    diff = diff[np.isfinite(diff)]  # a resample whose documents hold no query chunk with a positive has no mean
-    if not len(diff):
+        return sums[..., 0] / sums[..., 1], sums[..., 2] / sums[..., 3], len(docs)
+
+
+def _interval(values, n_docs: int) -> tuple[float, float, int] | None:
+    """The 2.5th and 97.5th percentiles of the finite resampled values, with the number of documents."""
+    import numpy as np
+
+    values = values[np.isfinite(values)]  # a resample with nothing to average (no query chunk with a positive)
+    if not len(values):
         return None
-    lo, hi = np.percentile(diff, [2.5, 97.5])
-    return float(lo), float(hi), len(docs)
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi), n_docs
+
+
+def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int, dict[int, tuple[float, int]]],
+                    draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the seeds' mean of ppl(num) / ppl(den) under resampling the test documents (module docstring).
+    num, den: seed -> {document index: (NLL sum, tokens)}; only seeds and documents present on both sides count.
+    Returns (low, high, number of documents), or None with fewer than two documents."""
+    import numpy as np
+
+    if (r := _resampled_means(num, den, draws, seed)) is None:
+        return None
+    nll_num, nll_den, n_docs = r
+    return _interval(np.exp(nll_num - nll_den).mean(axis=0), n_docs)
+
+
+def bootstrap_difference(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
+                         draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the seeds' mean of mean(a) - mean(b) under resampling the test documents, where a, b: seed ->
+    {document index: (metric sum over its query chunks, query chunks)} and each side's mean is its resampled sum over
+    its resampled count (the pooled, "micro" mean of rpt.eval.metrics). Only seeds and documents on both sides count.
+    Returns (low, high, number of documents), or None with fewer than two documents."""
+    if (r := _resampled_means(a, b, draws, seed)) is None:
+        return None
+    mean_a, mean_b, n_docs = r
+    return _interval((mean_a - mean_b).mean(axis=0), n_docs)
 
 
 def _means(per_doc: dict[int, dict[int, tuple[float, int]]]) -> dict[int, float]:
