@@ -44,10 +44,14 @@ def test_far_repeats_lie_beyond_xl_reach_for_any_segment_and_span():
         far_distance(CopyTestSettings(seq_len=768, segment_len=128))
 
 
-def test_a_far_corpus_other_than_the_default_gets_its_own_store_and_runs():
-    from rpt.experiments.copytest import _far_tag
+def test_a_far_or_near_corpus_other_than_the_default_gets_its_own_store_and_runs():
+    from rpt.experiments.copytest import _far_tag, _near_tag, _spec, summary_path
 
     assert _far_tag(CopyTestSettings()) == "" and _far_tag(CopyTestSettings(far_p=0.5)) == "-p0.5"
+    near = CopyTestSettings(near_p=1.0)
+    assert _near_tag(CopyTestSettings()) == "" and _near_tag(near) == "-p1"
+    assert "&p=1" in _spec("copy-near", near) and "&p=" not in _spec("copy-near", CopyTestSettings())
+    assert summary_path(near).name == "copytest-nearp1.json"
 
 
 def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
@@ -83,7 +87,8 @@ def test_seed_lists_are_checked_by_demo_and_copytest(tmp_path, capsys):
 
 def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_scores_unaligned_hits(tmp_path):
     s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
-                         variants=("retro",), seq_len=1024, segment_len=64, passage=96, passage_max=160)
+                         variants=("retro", "rpt-sem"), seq_len=1024, segment_len=64, passage=96, passage_max=160,
+                         scorer="induction")
     # reach (4 + 1) x 64 = 320 tokens: 4 passages of at least 96 words lie beyond it; 1024 // 160 = 6 passages
     assert far_distance(s) == (4, 5)
     summary = run_copytest(s)
@@ -94,6 +99,13 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
     assert "segment_len: 256" in (Path(near["run"]) / "config.yaml").read_text()  # a whole passage fits its window
     retro = next(r for r in summary["runs"] if r["variant"] == "retro")
     assert "hit@1" in retro["eval"]["bm25"] and 0 <= retro["eval"]["bm25"]["hit@1"] <= 1
+    # rpt-sem's labels and the oracle come from the induction scorer, which copies by content: among BM25's
+    # candidates it picks one holding the chunk to predict at least as often as BM25's own first choice
+    sem = next(r for r in summary["runs"] if r["variant"] == "rpt-sem")
+    assert sem["run"].endswith("-scorer=induction")
+    assert any(c.endswith("by-induction") and "--scorer induction" in c for c in summary["commands"])
+    assert sem["eval"]["oracle"]["hit@1"] >= max(0.5, sem["eval"]["bm25"]["hit@1"])
+    assert summary["path"].endswith("copytest-1024x64-passage96-160-scorer=induction.json")
 
 
 def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
@@ -121,3 +133,7 @@ def test_rpt_sem_runs_are_named_by_their_scorer_so_another_scorer_never_resumes_
     assert _scorer_tag(CopyTestSettings()) == ""  # the near control trains as the far runs do
     assert _scorer_tag(CopyTestSettings(steps=100, near_steps=400)) == "-scorer400steps"
     assert _scorer_tag(CopyTestSettings(near_lr=3e-3)) == "-scorerlr0.003"
+    assert _scorer_tag(CopyTestSettings(near_p=1.0)) == "-scorerp1"  # trained on another near corpus
+    # a named scorer: the near control's training no longer matters to rpt-sem
+    assert _scorer_tag(CopyTestSettings(scorer="induction", near_lr=3e-3)) == "-scorer=induction"
+    assert _scorer_tag(CopyTestSettings(scorer="/models/SmolLM2.gguf")) == "-scorer=SmolLM2.gguf"

@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--far-p", type=float, default=d.far_p,
                    help=f"probability that a far passage (one far enough from the start) repeats an earlier one "
                    f"(default {d.far_p:g})")
+    p.add_argument("--near-p", type=float, default=d.near_p,
+                   help=f"repeat probability of the near control's corpus (default {d.near_p:g})")
+    p.add_argument("--scorer", default=d.scorer,
+                   help="rpt-sem's scoring LM (its labels and the oracle): near (the first seed's near control, default), "
+                   "induction (a copying LM with no parameters), or any scorer `rpt label --scorer` takes")
     p.add_argument("--passage", default=str(d.passage),
                    help=f"words per passage, N or LO-HI: lengths that vary put repeats at every offset to the 64-token "
                    f"chunk grid (the unaligned copy test, e.g. 150-250; default {d.passage}: two chunks, on the grid)")
@@ -67,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
     bad = [v for v in variants if v not in RETRIEVING]
     if bad:
         raise UserError(f"--variants {args.variants!r}: choose from retro, rpt-lex, rpt-sem (xl always runs)")
-    if not 0.0 <= args.far_p <= 1.0:
-        raise UserError(f"--far-p {args.far_p:g}: a probability in [0, 1]")
+    for flag, p in (("--far-p", args.far_p), ("--near-p", args.near_p)):
+        if not 0.0 <= p <= 1.0:
+            raise UserError(f"{flag} {p:g}: a probability in [0, 1]")
     if args.seq_len <= 0 or args.seq_len % 128:
         raise UserError(f"--seq-len {args.seq_len}: a positive multiple of 128 (the passage length)")
     if args.segment_len <= 0 or args.segment_len % 64 or args.seq_len % args.segment_len:
@@ -94,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
                          min_lr_ratio=args.min_lr_ratio, near_steps=args.near_steps, near_lr=args.near_lr,
                          near_every_seed=not args.near_first_seed_only,
-                         variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, threads=args.threads,
+                         variants=variants, eval_docs=args.eval_docs, far_p=args.far_p, near_p=args.near_p, threads=args.threads,
+                         scorer=args.scorer,
                          progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query, passage=passage,
                          passage_max=passage_max)

@@ -65,7 +65,11 @@ class CopyTestSettings:
     segment_len: int = 128
     docs: int = 0  # training documents per store (0: steps * batch_size, so no document is seen twice)
     eval_docs: int = 32
-    far_p: float = 1.0  # repeat probability of the far corpus (near keeps the corpus default, 0.5)
+    far_p: float = 1.0  # repeat probability of the far corpus
+    near_p: float = 0.5  # repeat probability of the near corpus (the corpus default)
+    # rpt-sem's scoring LM (its training labels and the test oracle): "near", the first seed's near control, or any
+    # scorer `rpt label --scorer` takes ("induction": a copying LM with no parameters; smollm2; a model folder)
+    scorer: str = "near"
     variants: tuple[str, ...] = ("retro", "rpt-lex")  # retrieving variants trained on far (xl always runs)
     scorer_k: int = 4  # BM25 candidates scored per query chunk for rpt-sem's labels and the oracle
     seeds: tuple[int, ...] = (0,)
@@ -116,6 +120,8 @@ def _spec(setting: str, s: CopyTestSettings) -> str:
     if setting == "copy-far":
         lo, hi = far_distance(s)
         extra = f"&p={s.far_p:g}" + (f"&distance={lo}-{hi}" if (lo, hi) != (6, 12) else "")
+    elif s.near_p != CopyTestSettings.near_p:
+        extra = f"&p={s.near_p:g}"
     if s.passage_max > s.passage:
         extra += f"&passage={s.passage}-{s.passage_max}"
     elif s.passage != PASSAGE:
@@ -127,7 +133,7 @@ def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.data.prepare import prepare
 
     spec = _spec(setting, s)
-    tags = _size_tag(s) + (_far_tag(s) if setting == "copy-far" else "") + f"-{_docs(setting, s)}docs"
+    tags = _size_tag(s) + (_far_tag(s) if setting == "copy-far" else _near_tag(s)) + f"-{_docs(setting, s)}docs"
     root = s.out / "stores" / (setting + tags)  # one store per corpus: its size, tags and document count
     log.append(f"rpt prepare --corpus '{spec}' --out {root}")
     prepare(spec, "corpus", root, splits=["train", "test"], progress=s.progress)
@@ -147,19 +153,24 @@ def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
     return out
 
 
-def _label_sem(root: Path, scorer_run: Path, s: CopyTestSettings, log: list[str]) -> tuple[Path | None, Path]:
-    """rpt-sem's training labels (if it runs) and the test documents' labels for the oracle, scored by `scorer_run`."""
+def _label_sem(root: Path, scorer_run: Path | str, s: CopyTestSettings, log: list[str]) -> tuple[Path | None, Path]:
+    """rpt-sem's training labels (if it runs) and the test documents' labels for the oracle, scored by `scorer_run`
+    (a near control's run folder, or a name `rpt label --scorer` takes)."""
     from rpt.labels.pipeline import LabelSpec, label_split
-    from rpt.labels.scorer import rpt_checkpoint_scorer
+    from rpt.labels.scorer import load_scorer, rpt_checkpoint_scorer
     from rpt.train.data import open_store
 
-    scorer = rpt_checkpoint_scorer(scorer_run)
+    if isinstance(scorer_run, Path):
+        scorer, scorer_name = rpt_checkpoint_scorer(scorer_run), scorer_run.name
+    else:
+        scorer = load_scorer(scorer_run, store_tokenizer=open_store(root, "train").tokenizer_id)
+        scorer_name = _scorer_name(scorer_run)
     outs = []
     for split, span, n_docs in (("train", s.seq_len, None), ("test", None, s.eval_docs)):
         if split == "train" and "rpt-sem" not in s.variants:
             outs.append(None)
             continue
-        name = f"{split}-sem-{span or 'doc'}-{s.segment_len}-k{s.scorer_k}-by-{scorer_run.name}"  # one folder per scorer
+        name = f"{split}-sem-{span or 'doc'}-{s.segment_len}-k{s.scorer_k}-by-{scorer_name}"  # one folder per scorer
         out = root / "labels" / name
         if not (out / "manifest.json").exists():
             log.append(f"rpt label --store {root} --split {split} --kind sem --span {span or 'doc'} --segment-len "
@@ -272,12 +283,14 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
     near, far = _prepare("copy-near", s, log), _prepare("copy-far", s, log)
     labels = {v: _label(far, s, log) for v in s.variants if v in ("retro", "rpt-lex")}
     oracle: Path | None = None
+    if s.scorer != "near" and s.variants:  # a named scorer labels before any training
+        labels["rpt-sem"], oracle = _label_sem(far, s.scorer, s, log)
     runs: list[dict[str, Any]] = []
     for seed in s.seeds:
         plan = [("near", "xl", near)] if s.near_every_seed or seed == s.seeds[0] else []
         plan += [("far", "xl", far)] + [("far", v, far) for v in s.variants]
         for setting, variant, root in plan:
-            tag = (_far_tag(s) if setting == "far" else "") + (_tag(s) if variant != "xl" else "")
+            tag = (_far_tag(s) if setting == "far" else _near_tag(s)) + (_tag(s) if variant != "xl" else "")
             steps = _steps(setting, s)
             tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s, setting)  # resumes its own
             if variant == "rpt-sem":  # its labels come from the near control: another scorer, another run
@@ -286,7 +299,7 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
             t = time.perf_counter()
             _train(setting, variant, root, labels.get(variant), seed, s, run)
             seconds = time.perf_counter() - t
-            if setting == "near" and seed == s.seeds[0] and s.variants:
+            if setting == "near" and seed == s.seeds[0] and s.variants and s.scorer == "near":
                 # the first near control is the scoring LM: rpt-sem's training labels and the test oracle
                 labels["rpt-sem"], oracle = _label_sem(far, run, s, log)
             sources = ["none"]
@@ -307,13 +320,24 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
 
 def summary_path(s: CopyTestSettings) -> Path:
     """Where a copy test with these settings writes its summary (one file per size, corpus and ablation)."""
-    return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{_tag(s)}{_lr_tag(s)}.json"
+    named = "" if s.scorer == "near" else f"-scorer={_scorer_name(s.scorer)}"
+    near = "" if s.near_p == CopyTestSettings.near_p else f"-nearp{s.near_p:g}"
+    return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{near}{_tag(s)}{_lr_tag(s)}{named}.json"
 
 
 def _scorer_tag(s: CopyTestSettings) -> str:
-    """Run suffix of rpt-sem when its scorer, the near control, trains other than by default (updates, rate)."""
+    """Run suffix of rpt-sem: its scorer when named, else how the near control (the scorer) trains, if not by default
+    (updates, rate, corpus)."""
+    if s.scorer != "near":
+        return f"-scorer={_scorer_name(s.scorer)}"
     steps, lr = _steps("near", s), _lr("near", s)
-    return ("" if steps == s.steps else f"-scorer{steps}steps") + ("" if lr == s.lr else f"-scorerlr{lr:g}")
+    return (("" if steps == s.steps else f"-scorer{steps}steps") + ("" if lr == s.lr else f"-scorerlr{lr:g}") +
+            ("" if s.near_p == CopyTestSettings.near_p else f"-scorerp{s.near_p:g}"))
+
+
+def _scorer_name(scorer: str) -> str:
+    """A named scorer in file names: the last part of a path, else the name."""
+    return Path(scorer).name or scorer
 
 
 def _lr(setting: str, s: CopyTestSettings) -> float:
@@ -344,6 +368,11 @@ def _size_tag(s: CopyTestSettings) -> str:
 def _far_tag(s: CopyTestSettings) -> str:
     """Store and run suffix of a far corpus other than the default (one --out can hold both, never mixed)."""
     return "" if s.far_p == CopyTestSettings.far_p else f"-p{s.far_p:g}"
+
+
+def _near_tag(s: CopyTestSettings) -> str:
+    """Store and run suffix of a near corpus other than the default."""
+    return "" if s.near_p == CopyTestSettings.near_p else f"-p{s.near_p:g}"
 
 
 def _tag(s: CopyTestSettings) -> str:
