@@ -1,5 +1,11 @@
-"""scripts/gpu_retrieval.sh (the retrieval comparison for a lent GPU) runs, dry, on a CPU at a tiny size: exhaustive
-test gold, the sweep evaluated with it, chance levels and the random-neighbour control in its table."""
+"""scripts/gpu_retrieval.sh, the retrieval comparison for a lent GPU: exhaustive test gold, the sweep evaluated with
+it, chance levels and the random-neighbour control in its table.
+
+In the default suite it runs dry with a stand-in `rpt` that records its commands: with no setting given they are the
+measured setting of docs/results/retrieval.md (SmolLM2 labels at k = 20, exhaustive gold on a quarter of the test
+chunks, xl and rpt-sem at the small preset, 3 seeds) and each parses. The same commands run for real on a CPU at a
+tiny size under -m slow here; the sweep with exhaustive gold, chance levels and the random control runs by default
+in tests/test_sweep.py."""
 
 import json
 import os
@@ -10,10 +16,39 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rpt.cli import build_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 RPT = Path(sys.executable).parent / "rpt"
 
 
+def test_default_settings_are_the_measured_ones_and_every_command_parses(tmp_path, recording_command):
+    rpt = recording_command("rpt")
+    out = tmp_path / "gr"
+    env = dict(os.environ, REQUIRE_GPU="0", RPT=str(rpt), PYTHON=sys.executable, ALPHA_RAMP="80")
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = recording_command.calls("rpt")
+    assert [c[0] for c in calls] == ["prepare", "label", "label", "label", "sweep"]  # a named scorer: no own xl first
+    parser = build_parser()
+    prepare, lex, sem, gold, sweep = (parser.parse_args(c) for c in calls)
+    store = out / "store"
+    assert (prepare.corpus, prepare.tokenizer, prepare.max_documents, Path(prepare.out)) == ("stdlib", "bpe:16384", 40,
+                                                                                            store)
+    assert (lex.kind, lex.split, lex.span, lex.k, lex.segment_len) == ("lex", "train", "4096", 20, 512)
+    assert (sem.kind, sem.split, sem.span, sem.k, sem.scorer) == ("sem", "train", "4096", 20, "smollm2")
+    assert (gold.kind, gold.split, gold.span, gold.candidates, gold.query_fraction, gold.scorer) == (
+        "sem", "test", "doc", "all", 0.25, "smollm2")
+    assert (sweep.variants, sweep.seeds, sweep.paper, sweep.test_labels) == ("xl,rpt-sem", "0,1,2", "code",
+                                                                             Path(gold.out))
+    train = parser.parse_args(["train", *sweep.train_args])
+    assert (train.preset, train.seq_len, train.steps, train.batch_size, train.lr) == ("small", 4096, 400, 4, 1e-3)
+    assert {"model.segment_len=512", "train.alpha_ramp_steps=80"} <= set(train.set)
+    assert "the table: " + str(out / "sweep" / "compare.md") in done.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not RPT.exists(), reason="the rpt console script is not installed beside this python")
 def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     out = tmp_path / "gr"

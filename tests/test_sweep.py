@@ -32,10 +32,12 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     out = tmp_path / "sw"
     assert sweep(out, store, variants="xl") == 0
     assert "no test labels: no oracle" in capsys.readouterr().out
-    # test labels scored by the sweep's own xl: the retrieving variants then get the oracle and retrieval metrics
+    # exhaustive test gold (every retrievable chunk) scored by the sweep's own xl: the retrieving variants then get
+    # the oracle and retrieval metrics without BM25's bias
     test_labels = tmp_path / "test-sem"
     assert main(["label", "--store", str(store), "--split", "test", "--kind", "sem", "--span", "doc", "--segment-len",
-                 "64", "--k", "4", "--scorer", str(out / "xl-seed0"), "--out", str(test_labels), "--no-progress"]) == 0
+                 "64", "--candidates", "all", "--scorer", str(out / "xl-seed0"), "--out", str(test_labels),
+                 "--no-progress"]) == 0
     assert sweep(out, store, "--test-labels", str(test_labels)) == 0
     printed = capsys.readouterr().out
     assert "3 variants x 2 seeds to step 3" in printed and "26 jobs, 4 already done" in printed  # xl's runs and results
@@ -55,7 +57,9 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     assert rows["retro"]["gain"][2] == 2 and rows["rpt-lex"]["vs_xl"][2] == 2 and rows["rpt-lex"]["bm25_gain"][2] == 2
     assert rows["retro"]["oracle_gain"][2] == 2 and rows["rpt-lex"]["metrics_model"][0][2] == 2
     assert rows["retro"]["random_gain"][2] == 2 and rows["rpt-lex"]["random_gain"][2] == 2
-    assert "| rpt-lex | 2 |" in (out / "compare.md").read_text()
+    assert rows["rpt-lex"]["gold"] == ["exhaustive"] and {"metrics_recency", "metrics_random"} <= set(rows["rpt-lex"])
+    md = (out / "compare.md").read_text()
+    assert "| rpt-lex | 2 |" in md and "random (chance, expected)" in md and "P@2 by pool size" in md
     commands = (out / "commands.txt").read_text().splitlines()
     assert len(commands) == 26 and commands[0].startswith("rpt train --preset tiny")
     retro_train = next(c for c in commands if c.startswith("rpt train") and "--variant retro" in c)

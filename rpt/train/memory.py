@@ -82,7 +82,8 @@ def gib(n: float) -> str:
 
 
 def count_parameters(cfg: RPTConfig) -> int:
-    """Parameters of the model `cfg` builds, counted on the meta device (no memory, no time)."""
+    """Parameters of the model `cfg` builds, counted on the meta device (no memory; torch imports torch._dynamo for
+    initialisers on meta tensors, about 2 s once per process, as every optimiser does)."""
     with torch.device("meta"):
         return build_model(cfg.model).num_parameters()
 
