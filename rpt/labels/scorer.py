@@ -314,55 +314,59 @@ class InductionScorer:
                      decode: DecodeBatch | None) -> tuple[list[list[int]], list[list[int]]]:
         return concat_pairs(chunks, contexts, targets)
 
-    def next_token_logprobs(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """log P(ids[b, i+1] | ids[b, :i+1]) for i < lengths[b] - 1: float [B, T-1] (ids int [B, T], right-padded)."""
+    def next_token_logprobs(self, ids: torch.Tensor, valid: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        """log P(ids[b, t] | ids[b, :t]) for the last `last` positions t (default: all but the first): float
+        [B, last]. ids int [B, T]; valid bool [B, T], False on padding (left padding keeps a ragged batch's targets at
+        the end). Cost: B x (last + order) x T comparisons per order."""
         B, T = ids.shape
-        pos = torch.arange(T, device=ids.device)
-        valid = pos[None, :] < lengths[:, None]  # [B, T]
-        # earlier[b, i, j]: j < i, both real tokens; then j's continuation ids[j+1] (<= i) is already seen at i
-        earlier = (pos[None, :, None] > pos[None, None, :]) & valid[:, :, None] & valid[:, None, :]
-        same = ids[:, :, None] == ids[:, None, :]  # [B, T, T]
-        match = earlier & same  # suffixes of length 1 agree
-        counts = torch.zeros(B, T, dtype=torch.long, device=ids.device)
-        hits = torch.zeros(B, T, dtype=torch.long, device=ids.device)
-        follows = torch.zeros_like(same)  # follows[b, i, j]: ids[j+1] == ids[i+1]
-        follows[:, :-1, :-1] = same[:, 1:, 1:]
-        decided = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
-        suffix = match
-        levels = []
-        for n in range(1, self.order + 1):
-            if n > 1:  # the suffixes of length n agree: length n-1 at (i-1, j-1) and this token
-                shifted = torch.zeros_like(suffix)
-                shifted[:, 1:, 1:] = suffix[:, :-1, :-1]
-                suffix = match & shifted
+        last = T - 1 if last is None else last
+        if not 0 < last < T:
+            raise ValueError(f"last={last}: between 1 and the sequence length - 1 ({T - 1})")
+        lo = max(0, T - 1 - last - (self.order - 1))  # predictor rows: the targets' and the suffixes' lead-in
+        rows, cols = torch.arange(lo, T - 1, device=ids.device), torch.arange(T, device=ids.device)
+        # match[b, r, j]: the token at predictor position i = lo + r equals the one at j, j < i, both real tokens;
+        # then j's continuation ids[j + 1] (at most i) is already seen at i
+        earlier = (rows[:, None] > cols[None, :]) & valid[:, lo : T - 1, None] & valid[:, None, :]
+        match = earlier & (ids[:, lo : T - 1, None] == ids[:, None, :])
+        follows = torch.zeros_like(match)  # follows[b, r, j]: ids[j + 1] is the token i predicts
+        follows[:, :, :-1] = ids[:, None, 1:] == ids[:, lo + 1 :, None]
+        levels, suffix = [match], match
+        for _ in range(1, self.order):  # suffixes of length n agree: length n - 1 at (i - 1, j - 1), and this token
+            shifted = torch.zeros_like(suffix)
+            shifted[:, 1:, 1:] = suffix[:, :-1, :-1]
+            suffix = match & shifted
             levels.append(suffix)
+        counts = torch.zeros(match.shape[:2], dtype=torch.long, device=ids.device)
+        hits = torch.zeros_like(counts)
         for suffix in reversed(levels):  # the longest suffix with a match decides
             n_match = suffix.sum(-1)
-            use = (n_match > 0) & ~decided
+            use = (n_match > 0) & (counts == 0)
             counts = torch.where(use, n_match, counts)
             hits = torch.where(use, (suffix & follows).sum(-1), hits)
-            decided |= use
-        p = torch.where(counts > 0, (1 - self.eps) * hits / counts.clamp(min=1) + self.eps / self.vocab_size,
-                        torch.full_like(counts, 1, dtype=torch.float) / self.vocab_size)
-        return p[:, :-1].float().log()
+        copy = (1 - self.eps) * hits / counts.clamp(min=1) + self.eps / self.vocab_size
+        p = torch.where(counts > 0, copy, torch.full_like(copy, 1 / self.vocab_size))
+        return p[:, -last:].log().float()
 
     @torch.no_grad()
     def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
         lengths = [len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
         for idx in _length_batches(lengths, self.batch_size):
-            width = max(lengths[n] for n in idx)
+            width, n_tgt = max(lengths[n] for n in idx), max(len(targets[n]) for n in idx)
+            if n_tgt == 0:
+                continue
             ids = torch.zeros((len(idx), width), dtype=torch.long)
-            for r, n in enumerate(idx):
+            valid = torch.zeros((len(idx), width), dtype=torch.bool)
+            for r, n in enumerate(idx):  # left-padded: every target ends the row
                 if not contexts[n]:
                     raise ValueError("a target needs a non-empty context")
-                ids[r, : lengths[n]] = torch.tensor(list(contexts[n]) + list(targets[n]))
-            lp = self.next_token_logprobs(ids.to(self.device), torch.tensor([lengths[n] for n in idx],
-                                                                            device=self.device)).cpu().numpy()
+                ids[r, width - lengths[n] :] = torch.tensor(list(contexts[n]) + list(targets[n]))
+                valid[r, width - lengths[n] :] = True
+            lp = self.next_token_logprobs(ids.to(self.device), valid.to(self.device), n_tgt).cpu().numpy()
             self.tokens_processed += sum(lengths[n] for n in idx)
             for r, n in enumerate(idx):
-                c, t = len(contexts[n]), len(targets[n])
-                out[n] = lp[r, c - 1 : c - 1 + t]
+                t = len(targets[n])
+                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
         return out
 
 

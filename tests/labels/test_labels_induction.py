@@ -36,12 +36,20 @@ def test_next_token_logprobs_equal_the_definition_on_ragged_batches(order, eps):
     seqs.append([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 0, 1, 2, 3])  # a repeat, then a divergence
     scorer = InductionScorer(vocab_size=7, order=order, eps=eps)
     width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    left = torch.zeros(len(seqs), width, dtype=torch.long)  # left-padded, as target_logprobs batches
+    right = torch.zeros_like(left)
     for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.tensor(s)
-    lp = scorer.next_token_logprobs(ids, torch.tensor([len(s) for s in seqs]))
+        left[r, width - len(s) :] = right[r, : len(s)] = torch.tensor(s)
+    pos = torch.arange(width)
+    lengths = torch.tensor([len(s) for s in seqs])
+    lp_left = scorer.next_token_logprobs(left, pos >= width - lengths[:, None])
+    lp_right = scorer.next_token_logprobs(right, pos < lengths[:, None])
+    tail = scorer.next_token_logprobs(left, pos >= width - lengths[:, None], last=5)  # only the last positions
     for r, s in enumerate(seqs):
-        np.testing.assert_allclose(lp[r, : len(s) - 1].numpy(), reference(s, 7, order, eps), rtol=1e-5, atol=1e-6)
+        ref = reference(s, 7, order, eps)
+        np.testing.assert_allclose(lp_left[r, width - len(s) :].numpy(), ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(lp_right[r, : len(s) - 1].numpy(), ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(tail[r, 5 - min(5, len(s) - 1) :].numpy(), ref[-5:], rtol=1e-5, atol=1e-6)
 
 
 def test_target_logprobs_score_the_copy_of_a_candidate():
