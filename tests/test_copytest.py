@@ -33,7 +33,8 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     assert (tmp_path / "ct" / "runs" / "far-rpt-sem-seed0-3steps-scorer4steps").is_dir()
     assert (tmp_path / "ct" / "runs" / "far-retro-seed0-3steps").is_dir()
     assert not summary["verdict"]["passed"]  # 3 updates teach nothing: the test can fail
-    assert json.loads((tmp_path / "ct" / "copytest.json").read_text())["verdict"]["passed"] is False
+    assert json.loads(Path(summary["path"]).read_text())["verdict"]["passed"] is False
+    assert Path(summary["path"]).name == "copytest-3steps-near4steps.json"
 
 
 def test_far_repeats_lie_beyond_xl_reach_for_any_segment_and_span():
@@ -52,6 +53,9 @@ def test_a_far_or_near_corpus_other_than_the_default_gets_its_own_store_and_runs
     assert _near_tag(CopyTestSettings()) == "" and _near_tag(near) == "-p1"
     assert "&p=1" in _spec("copy-near", near) and "&p=" not in _spec("copy-near", CopyTestSettings())
     assert summary_path(near).name == "copytest-nearp1.json"
+    # runs of other lengths write their own summaries, as they train their own runs
+    assert summary_path(CopyTestSettings(steps=100, near_steps=400)).name == "copytest-100steps-near400steps.json"
+    assert summary_path(CopyTestSettings(steps=200, near_steps=200)).name == "copytest-200steps.json"
 
 
 def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
@@ -105,7 +109,7 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
     assert sem["run"].endswith("-scorer=induction")
     assert any(c.endswith("by-induction") and "--scorer induction" in c for c in summary["commands"])
     assert sem["eval"]["oracle"]["hit@1"] >= max(0.5, sem["eval"]["bm25"]["hit@1"])
-    assert summary["path"].endswith("copytest-1024x64-passage96-160-scorer=induction.json")
+    assert summary["path"].endswith("copytest-1024x64-passage96-160-2steps-scorer=induction.json")
 
 
 def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():

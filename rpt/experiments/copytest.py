@@ -322,7 +322,9 @@ def summary_path(s: CopyTestSettings) -> Path:
     """Where a copy test with these settings writes its summary (one file per size, corpus and ablation)."""
     named = "" if s.scorer == "near" else f"-scorer={_scorer_name(s.scorer)}"
     near = "" if s.near_p == CopyTestSettings.near_p else f"-nearp{s.near_p:g}"
-    return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{near}{_tag(s)}{_lr_tag(s)}{named}.json"
+    steps = ("" if s.steps == CopyTestSettings.steps else f"-{s.steps}steps") + (
+        "" if _steps("near", s) == s.steps else f"-near{_steps('near', s)}steps")
+    return s.out / f"copytest{_size_tag(s)}{_far_tag(s)}{near}{_tag(s)}{steps}{_lr_tag(s)}{named}.json"
 
 
 def _scorer_tag(s: CopyTestSettings) -> str:
