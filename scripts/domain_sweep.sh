@@ -12,7 +12,7 @@
 #   TOKENIZER=bpe:2048 MAX_DOCUMENTS= (prepare only the first N documents of each split; default all)
 #   K=4 (BM25 candidates of the training labels; the paper's is 20)
 #   ALPHA_RAMP= (updates over which the retrieval loss weight ramps to train.alpha_ret; default the preset's)
-#   SCORER=own (the sweep's seed-0 xl) | smollm2 | any `rpt label --scorer` value
+#   SCORER=own (the sweep's seed-0 xl) | smollm2 | induction (a copying LM, cheap on a CPU) | any `rpt label --scorer` value
 #   GOLD=bm25 (test labels: BM25's top K) | all (exhaustive gold: every retrievable chunk, the paper's metrics; the
 #   sweep then evaluates with it) QUERY_FRACTION=1 (the share of test query chunks scored for exhaustive gold)
 # Every step is skipped when its output exists, and `rpt sweep` resumes, so a killed run is continued by running the
