@@ -64,10 +64,12 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
                        (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
                        (["--scorer-k", "0"], "--scorer-k"), (["--passage", "160-96"], "--passage"),
                        (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage"),
-                       (["--near-lr", "-1"], "--near-lr"), (["--lr", "0"], "--lr")]:
+                       (["--near-lr", "-1"], "--near-lr"), (["--lr", "0"], "--lr"), (["--near-p", "-0.1"], "--near-p"),
+                       (["--scorer", str(tmp_path / "no-such-model")], "--scorer")]:
         assert main(["copytest", "--out", str(tmp_path), *argv]) == 2
         err = capsys.readouterr().err
         assert flag in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "stores").exists()  # every refusal comes before any corpus is made
 
 
 @pytest.mark.slow

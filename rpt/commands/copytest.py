@@ -88,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--near-steps {args.near_steps}: 0 (same as --steps) or more")
     if args.scorer_k < 1:
         raise UserError(f"--scorer-k {args.scorer_k}: at least 1")
+    if args.scorer not in ("near", "induction", "smollm2"):
+        from rpt.labels.scorer import check_scorer_name, is_rpt_checkpoint
+
+        if not is_rpt_checkpoint(args.scorer):
+            check_scorer_name(args.scorer)  # a missing path or an uncached hub name: one line, before any training
     lo, _, hi = args.passage.partition("-")
     try:
         passage, passage_max = int(lo), int(hi) if hi else 0

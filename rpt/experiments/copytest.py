@@ -293,7 +293,7 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
             tag = (_far_tag(s) if setting == "far" else _near_tag(s)) + (_tag(s) if variant != "xl" else "")
             steps = _steps(setting, s)
             tag += ("" if steps == CopyTestSettings.steps else f"-{steps}steps") + _lr_tag(s, setting)  # resumes its own
-            if variant == "rpt-sem":  # its labels come from the near control: another scorer, another run
+            if variant == "rpt-sem":  # its labels come from its scorer: another scorer, another run
                 tag += _scorer_tag(s)
             run = s.out / "runs" / f"{setting}-{variant}-seed{seed}{_size_tag(s)}{tag}"
             t = time.perf_counter()

