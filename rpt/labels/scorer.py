@@ -147,6 +147,38 @@ def _length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]
     return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
 
 
+def _pair_batches(contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], batch_size: int,
+                  prefix: Sequence[int] = (), pad_id: int = 0, left: bool = True):
+    """The padded batches every scorer runs: rows ``prefix + context + target`` grouped by length, yielded as
+    (indices into the pairs, ids long [B, W], mask long [B, W] with 1 on real tokens, n_tgt = the longest target).
+    left: padding before each row, so every target ends at the last column; else after it. Batches whose targets are
+    all empty are skipped."""
+    prefix = list(prefix)
+    lengths = [len(prefix) + len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
+    for idx in _length_batches(lengths, batch_size):
+        n_tgt = max(len(targets[n]) for n in idx)
+        if n_tgt == 0:
+            continue
+        width = max(lengths[n] for n in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, n in enumerate(idx):
+            if not prefix and not len(contexts[n]):
+                raise ValueError("a target needs a non-empty context")
+            seq = prefix + list(contexts[n]) + list(targets[n])
+            cols = slice(width - len(seq), width) if left else slice(0, len(seq))
+            ids[r, cols], mask[r, cols] = torch.tensor(seq), 1
+        yield idx, ids, mask, n_tgt
+
+
+def _scatter_targets(out: list[np.ndarray], idx: np.ndarray, lp: np.ndarray, targets: Sequence[Sequence[int]],
+                     n_tgt: int) -> None:
+    """out[n] = the log-probabilities of pair n's target tokens: the last len(target) of its row of lp [B, n_tgt]."""
+    for r, n in enumerate(idx):
+        t = len(targets[n])
+        out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+
+
 class HFScorer:
     """A Hugging Face causal LM as scorer. ``HFScorer.from_pretrained(name_or_path_or_gguf)`` or wrap a loaded model.
 
@@ -200,20 +232,8 @@ class HFScorer:
     @torch.no_grad()
     def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
-        lengths = [len(self.prefix) + len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
-        for idx in _length_batches(lengths, self.batch_size):
-            n_tgt = max(len(targets[n]) for n in idx)
-            if n_tgt == 0:
-                continue
-            width = max(lengths[n] for n in idx)
-            ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for r, n in enumerate(idx):
-                seq = self.prefix + list(contexts[n]) + list(targets[n])
-                if len(seq) == len(targets[n]):
-                    raise ValueError("a target needs a non-empty context")
-                ids[r, width - len(seq) :] = torch.tensor(seq)
-                mask[r, width - len(seq) :] = 1
+        for idx, ids, mask, n_tgt in _pair_batches(contexts, targets, self.batch_size, self.prefix, self.pad_id):
+            width = ids.shape[1]
             pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions count from each sequence's first real token
             ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
             kwargs = {"logits_to_keep": n_tgt + 1} if self._keep else {}
@@ -222,9 +242,7 @@ class HFScorer:
             tgt = ids[:, width - n_tgt :]  # [B, n_tgt] the tokens those positions predict
             lp = (logits.gather(-1, tgt[..., None])[..., 0] - torch.logsumexp(logits, -1)).cpu().numpy()
             self.tokens_processed += int(mask.sum())
-            for r, n in enumerate(idx):
-                t = len(targets[n])
-                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+            _scatter_targets(out, idx, lp, targets, n_tgt)
         return out
 
 
@@ -255,33 +273,19 @@ class CallableScorer:
     @torch.no_grad()
     def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
-        lengths = [len(self.prefix) + len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
-        for idx in _length_batches(lengths, self.batch_size):
-            n_tgt = max(len(targets[n]) for n in idx)
-            if n_tgt == 0:
-                continue
-            width = max(lengths[n] for n in idx)
-            ids = torch.zeros((len(idx), width), dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for idx, ids, mask, n_tgt in _pair_batches(contexts, targets, self.batch_size, self.prefix, left=False):
+            width = ids.shape[1]
             where = torch.zeros((len(idx), n_tgt), dtype=torch.long)  # position predicting each target token
             for r, n in enumerate(idx):
-                ctx = self.prefix + list(contexts[n])
-                if not ctx:
-                    raise ValueError("a target needs a non-empty context")
-                seq = ctx + list(targets[n])
-                ids[r, : len(seq)] = torch.tensor(seq)
-                mask[r, : len(seq)] = 1
-                t = len(targets[n])
-                where[r, n_tgt - t :] = torch.arange(len(ctx) - 1, len(seq) - 1)
+                t, end = len(targets[n]), int(mask[r].sum())
+                where[r, n_tgt - t :] = torch.arange(end - t - 1, end - 1)
             logits = self.forward(ids.to(self.device), mask.to(self.device))  # [B, T, V]
             where = where.to(logits.device)
             picked = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1])).float()  # [B, n_tgt, V]
             tgt = ids.to(logits.device).gather(1, (where + 1).clamp(max=width - 1))
             lp = (picked.gather(-1, tgt[..., None])[..., 0] - torch.logsumexp(picked, -1)).cpu().numpy()
             self.tokens_processed += int(mask.sum())
-            for r, n in enumerate(idx):
-                t = len(targets[n])
-                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+            _scatter_targets(out, idx, lp, targets, n_tgt)
         return out
 
 
@@ -350,23 +354,10 @@ class InductionScorer:
     @torch.no_grad()
     def target_logprobs(self, contexts: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(contexts)
-        lengths = [len(c) + len(t) for c, t in zip(contexts, targets, strict=True)]
-        for idx in _length_batches(lengths, self.batch_size):
-            width, n_tgt = max(lengths[n] for n in idx), max(len(targets[n]) for n in idx)
-            if n_tgt == 0:
-                continue
-            ids = torch.zeros((len(idx), width), dtype=torch.long)
-            valid = torch.zeros((len(idx), width), dtype=torch.bool)
-            for r, n in enumerate(idx):  # left-padded: every target ends the row
-                if not contexts[n]:
-                    raise ValueError("a target needs a non-empty context")
-                ids[r, width - lengths[n] :] = torch.tensor(list(contexts[n]) + list(targets[n]))
-                valid[r, width - lengths[n] :] = True
-            lp = self.next_token_logprobs(ids.to(self.device), valid.to(self.device), n_tgt).cpu().numpy()
-            self.tokens_processed += sum(lengths[n] for n in idx)
-            for r, n in enumerate(idx):
-                t = len(targets[n])
-                out[n] = lp[r, n_tgt - t :] if t else np.zeros(0, np.float32)
+        for idx, ids, mask, n_tgt in _pair_batches(contexts, targets, self.batch_size):  # left-padded
+            lp = self.next_token_logprobs(ids.to(self.device), mask.bool().to(self.device), n_tgt).cpu().numpy()
+            self.tokens_processed += int(mask.sum())
+            _scatter_targets(out, idx, lp, targets, n_tgt)
         return out
 
 
