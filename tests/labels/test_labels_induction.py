@@ -94,3 +94,16 @@ def test_rpt_label_with_the_induction_scorer_finds_every_repeat_source(tmp_path)
             tails += 1
             hits += int(0 <= j < len(chunks) - 1 and np.array_equal(chunks[j + 1], chunks[t]))
     assert tails >= 6 and hits == tails  # the exhaustive gold of a copier: the source's continuation, every time
+
+
+def test_every_token_id_scorer_refuses_a_target_without_context():
+    from rpt.labels.scorer import CallableScorer
+
+    def forward(ids, mask):
+        return torch.zeros(*ids.shape, 8)
+
+    for scorer in (InductionScorer(vocab_size=8), CallableScorer(forward, "zeros")):
+        with pytest.raises(ValueError, match="non-empty context"):
+            scorer.target_logprobs([[1, 2], []], [[3], [4]])
+    # with a prefix (a BOS) an empty context is fine: the prefix is the context
+    assert len(CallableScorer(forward, "zeros", prefix=[0]).target_logprobs([[]], [[4]])[0]) == 1
