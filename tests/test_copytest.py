@@ -144,3 +144,24 @@ def test_rpt_sem_runs_are_named_by_their_scorer_so_another_scorer_never_resumes_
     # a named scorer: the near control's training no longer matters to rpt-sem
     assert _scorer_tag(CopyTestSettings(scorer="induction", near_lr=3e-3)) == "-scorer=induction"
     assert _scorer_tag(CopyTestSettings(scorer="/models/SmolLM2.gguf")) == "-scorer=SmolLM2.gguf"
+
+
+def test_a_near_control_that_learned_nothing_does_not_lower_the_far_checks():
+    from rpt.experiments.copytest import verdict
+
+    def run(setting, variant, own_adv, none_tail, own_tail):
+        ev = {"none": {"advantage": own_adv if variant == "xl" else 0.0, "repeat-tail": none_tail, "all": 5.5}}
+        if variant != "xl":
+            ev["bm25"] = {"advantage": own_adv, "repeat-tail": own_tail, "all": 5.0}
+        return {"setting": setting, "variant": variant, "eval": ev}
+
+    s = CopyTestSettings(variants=("retro",))
+    weak_retro = run("far", "retro", 0.4, 5.5, 5.1)  # reads a little: 0.4 nats
+    for near_adv, passes in [(0.0, False), (0.6, False), (3.0, False)]:
+        v = verdict([run("near", "xl", near_adv, 5.5, 5.5), run("far", "xl", 0.0, 5.5, 5.5), weak_retro], s)
+        assert v["checks"]["retro far gain comes from its neighbours"] is passes, near_adv
+    # a retro that reads (4 nats) passes its checks whatever the near control learned; the near check alone fails
+    strong = verdict([run("near", "xl", 0.0, 5.5, 5.5), run("far", "xl", 0.0, 5.5, 5.5), run("far", "retro", 4.0, 5.5, 1.5)], s)
+    assert strong["checks"]["retro far gain comes from its neighbours"] and strong["checks"][
+        "retro reaches half of xl's near advantage on far repeats"]
+    assert not strong["checks"]["xl copies near repeats"] and not strong["passed"]
