@@ -3,6 +3,7 @@ near repeats of varying length, with the copy advantage logged as it trains (doc
 
     python benchmarks/induction_probe.py --steps 3000 --json out.json              # rpt's xl, tiny width
     python benchmarks/induction_probe.py --model reference --steps 1000            # the same data, a plain transformer
+    python benchmarks/induction_probe.py --plot curve.png out.json ref.json        # plot logs written by --json
 
 Documents are the copy corpus's near setting (`rpt.data.synthetic`): passages of `--passage` random words from 256,
 each with probability `--near-p` a copy of the passage before. With one passage length (`--passage 100`) a copy
@@ -71,6 +72,27 @@ def copied_targets(tokens: np.ndarray) -> np.ndarray:
     return (src[1:] >= 0) & (src[:-1] >= 0) & (src[1:] == src[:-1] + 1)
 
 
+def plot(logs: list[str], path: str) -> None:
+    """The copy advantage of each log (a --json output) against updates, one line per log."""
+    from rpt.eval.plots import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name in logs:
+        with open(name) as f:
+            d = json.load(f)
+        a = d["args"]
+        label = f"{a['model']}, width {a['width']}, passages {a['passage']}, near p {a['near_p']}"
+        ax.plot([r["step"] for r in d["log"]], [r["advantage"] for r in d["log"]], label=label)
+    ax.axhline(math.log(256), color="grey", lw=0.8, ls=":")
+    ax.set_xlabel(f"updates ({a['batch_size']} x {a['seq_len']} tokens of fresh documents each)")
+    ax.set_ylabel("copy advantage (nats)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=("xl", "reference"), default="xl")
@@ -89,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write the log here")
+    ap.add_argument("--plot", metavar="PNG", help="plot the logs named after it (--json outputs) instead of training")
+    ap.add_argument("logs", nargs="*", help="with --plot: the logs to plot")
     a = ap.parse_args(argv)
+    if a.plot or a.logs:
+        if not (a.plot and a.logs):
+            ap.error("--plot PNG takes the logs to plot after it, and logs are read only with --plot")
+        plot(a.logs, a.plot)
+        return 0
     lo, _, hi = a.passage.partition("-")
     if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1 or (hi and int(hi) < int(lo)):
         ap.error(f"--passage: N or LO-HI with 1 <= LO <= HI, not {a.passage!r}")

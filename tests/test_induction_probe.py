@@ -45,3 +45,16 @@ def test_a_bad_passage_range_is_one_line(capsys):
     with pytest.raises(SystemExit):
         load().main(["--passage", "160-96"])
     assert "--passage" in capsys.readouterr().err
+
+
+def test_plot_reads_the_logs_and_refuses_a_plot_without_them(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "log.json"
+    probe = load()
+    assert probe.main(["--steps", "2", "--log-every", "1", "--batch-size", "1", "--seq-len", "256",
+                       "--segment-len", "128", "--json", str(out)]) == 0
+    assert probe.main(["--plot", str(tmp_path / "curve.png"), str(out)]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        probe.main(["--plot", str(tmp_path / "curve.png")])
+    assert "--plot" in capsys.readouterr().err
