@@ -37,3 +37,20 @@ def recording_command(tmp_path):
 
     make.calls = calls
     return make
+
+
+@pytest.fixture
+def benchmark_script():
+    """load(name) -> the module of benchmarks/<name>.py, imported from its file (benchmarks/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", folder / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from rpt.cli import main
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch):
+def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch, benchmark_script):
     out = tmp_path / "m.json"
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    _load("memory_estimate").main(["seq=256", "variants=rpt-sem", "batch=1", "set=model.dropout=0.05;model.attn_dropout=0",
-                                   f"out={out}"])
+    estimate = benchmark_script("memory_estimate")
+    estimate.main(["seq=256", "variants=rpt-sem", "batch=1", "set=model.dropout=0.05;model.attn_dropout=0", f"out={out}"])
     row = json.loads(out.read_text())["rows"][0]
     assert row["overrides"] == {"model.dropout": 0.05, "model.attn_dropout": 0}
     assert row["measured_peak_bytes"] > 0 and 0.3 < row["ratio"] < 3
 
 
-def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch):
+def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch, benchmark_script):
     """Each probe's process starts with its own allocator setting, the two alternating by round. The probes are
     scripted here (each is `measure_step`, a fresh process reading MALLOC_MMAP_THRESHOLD_ when it starts, run for real
     by tests/test_bench_scale.py); their arguments must bind to `probe_step`'s."""
@@ -49,7 +38,7 @@ def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monk
     monkeypatch.setattr(bench, "measure_step", fake)
     out = tmp_path / "t.json"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "999")  # the benchmark sets it per probe and restores it after
-    _load("malloc_threshold").main(["seq=256", "variants=xl", "rounds=2", "steps=2", f"out={out}"])
+    benchmark_script("malloc_threshold").main(["seq=256", "variants=xl", "rounds=2", "steps=2", f"out={out}"])
 
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "999"
     assert probes == [("xl", None), ("xl", "131072"), ("xl", "131072"), ("xl", None)]  # default first, then fixed first
