@@ -22,6 +22,7 @@ long, the plateau belongs to the task and the budget, not to rpt's implementatio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -119,19 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--plot PNG takes the logs to plot after it, and logs are read only with --plot")
         plot(a.logs, a.plot)
         return 0
-    lo, _, hi = a.passage.partition("-")
-    if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1 or (hi and int(hi) < int(lo)):
-        ap.error(f"--passage: N or LO-HI with 1 <= LO <= HI, not {a.passage!r}")
+    from rpt.data.synthetic import copy_document, parse_spec
 
-    from rpt.data.synthetic import CopySpec, copy_document
+    try:  # the copy corpus's own parser and checks; enough passages of the shortest length to fill a sequence
+        spec = parse_spec(f"synthetic:copy-near?passage={a.passage}&p={a.near_p}")
+        spec = dataclasses.replace(spec, passages=max(2, math.ceil((a.seq_len + 1) / spec.passage)))
+        spec.validate()
+    except ValueError as e:
+        ap.error(f"--passage {a.passage!r} / --near-p {a.near_p}: {e}")
 
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
-    vocab = 256
-    lo_n, hi_n = int(lo), int(hi or 0)
-    spec = CopySpec(setting="copy-near", vocab=vocab, passage=lo_n, passage_max=hi_n if hi_n > lo_n else 0,
-                    passages=math.ceil((a.seq_len + 1) / lo_n), min_distance=1, max_distance=1, p_repeat=a.near_p)
-    spec.validate()
+    vocab = spec.vocab
     if a.model == "xl":
         from rpt.config import ModelConfig
         from rpt.model.rpt import RPT

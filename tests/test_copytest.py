@@ -85,7 +85,6 @@ def test_copy_test_passes(tmp_path):
     assert summary["verdict"]["passed"], summary["verdict"]
 
 
-
 @pytest.mark.slow
 def test_copy_test_passes_with_repeats_at_any_offset_to_the_chunk_grid(tmp_path):
     """The unaligned copy test of docs/results/copy-test.md: passages of 96-160 words, so copies sit at every offset to
@@ -97,6 +96,7 @@ def test_copy_test_passes_with_repeats_at_any_offset_to_the_chunk_grid(tmp_path)
                          threads=1, progress=False)
     summary = run_copytest(s)
     assert summary["verdict"]["passed"], summary["verdict"]
+
 
 def test_seed_lists_are_checked_by_demo_and_copytest(tmp_path, capsys):
     for verb in ("copytest", "demo"):
@@ -170,9 +170,9 @@ def test_a_near_control_that_learned_nothing_does_not_lower_the_far_checks():
 
     s = CopyTestSettings(variants=("retro",))
     weak_retro = run("far", "retro", 0.4, 5.5, 5.1)  # reads a little: 0.4 nats
-    for near_adv, passes in [(0.0, False), (0.6, False), (3.0, False)]:
+    for near_adv in (0.0, 0.6, 3.0):  # the bar is half of 2.0 (the near floor) or of 3.0: 0.4 nats never meets it
         v = verdict([run("near", "xl", near_adv, 5.5, 5.5), run("far", "xl", 0.0, 5.5, 5.5), weak_retro], s)
-        assert v["checks"]["retro far gain comes from its neighbours"] is passes, near_adv
+        assert v["checks"]["retro far gain comes from its neighbours"] is False, near_adv
     # a retro that reads (4 nats) passes its checks whatever the near control learned; the near check alone fails
     strong = verdict([run("near", "xl", 0.0, 5.5, 5.5), run("far", "xl", 0.0, 5.5, 5.5), run("far", "retro", 4.0, 5.5, 1.5)], s)
     assert strong["checks"]["retro far gain comes from its neighbours"] and strong["checks"][

@@ -141,15 +141,9 @@ def test_attn_dropout_out_of_range_is_refused():
         cfg.validate()
 
 
-def test_attn_dropout_benchmark_runs(tmp_path):
+def test_attn_dropout_benchmark_runs(tmp_path, benchmark_script):
     """benchmarks/attn_dropout.py (the §2c measurement) at a toy size: three settings per variant, ratios per round."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attn_dropout.py"
-    spec = importlib.util.spec_from_file_location("attn_dropout_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("attn_dropout")
     out = tmp_path / "a.json"
     mod.main(["preset=tiny", "seq=256", "variants=xl", "rounds=2", "steps=1", f"out={out}"])
     rows = json.loads(out.read_text())["variants"]["xl"]

@@ -1,19 +1,13 @@
 """The label benchmark runs (a smoke test on small inputs; the timed run is `python benchmarks/bench_labels.py`)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("bm25s")
 pytest.importorskip("rank_bm25")
 
 
-def test_the_command_script_wraps_the_package_benchmark():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_labels.py"
-    spec = importlib.util.spec_from_file_location("bench_labels_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_the_command_script_wraps_the_package_benchmark(benchmark_script):
+    mod = benchmark_script("bench_labels")
     from rpt.experiments import bench_labels as bench
 
     assert mod.run_benchmark is bench.run_benchmark and mod.main is bench.main

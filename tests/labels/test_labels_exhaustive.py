@@ -89,14 +89,8 @@ def test_cli_flags_and_bad_values(store, tmp_path, capsys):
         LabelSpec(query_fraction=0).validate()
 
 
-def test_gold_signal_benchmark_reads_an_exhaustive_store(store, scorer, tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gold_signal.py"
-    spec = importlib.util.spec_from_file_location("gold_signal", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_gold_signal_benchmark_reads_an_exhaustive_store(store, scorer, tmp_path, benchmark_script):
+    mod = benchmark_script("gold_signal")
     sem = LabelSpec(kind="sem", span=None, chunk_size=M, segment_len=S, candidates="all", query_fraction=0.5)
     out = label_split(store, tmp_path / "gold", sem, scorer=scorer, decode=store_decode(store), max_documents=2,
                       progress=False)
