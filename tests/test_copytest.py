@@ -18,11 +18,13 @@ def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     runs = {(r["setting"], r["variant"]) for r in summary["runs"]}
     assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-sem")}
     far_sem = next(r for r in summary["runs"] if r["variant"] == "rpt-sem")
-    assert set(far_sem["eval"]) == {"model", "none", "bm25", "oracle"} and "hit@1" in far_sem["eval"]["model"]
+    assert set(far_sem["eval"]) == {"model", "none", "random", "bm25", "oracle"} and "hit@1" in far_sem["eval"]["model"]
     assert all(set(e) >= {"fresh", "repeat-head", "repeat-tail", "all", "advantage"} for e in far_sem["eval"].values())
     assert set(summary["verdict"]["checks"]) >= {"xl copies near repeats", "retro far gain comes from its neighbours",
-                                                 "rpt-sem's retriever ranks the source first for most far repeats"}
-    assert {"retro far ppl gain", "rpt-sem far ppl gain, oracle"} <= set(summary["verdict"])
+                                                 "rpt-sem's retriever ranks the source first for most far repeats",
+                                                 "retro's own neighbours beat random chunks of the document"}
+    assert {"retro far ppl gain", "rpt-sem far ppl gain, oracle", "rpt-sem far ppl gain, random chunks",
+            "rpt-sem far gain over random chunks"} <= set(summary["verdict"])
     far_cmd, near_cmd = (next(c for c in summary["commands"] if f"synthetic:{k}" in c) for k in ("copy-far", "copy-near"))
     assert "p=1" in far_cmd and "p=" not in near_cmd  # far repeats every passage from the 7th on; near keeps 0.5
     assert "docs=4&" in near_cmd and "docs=3&" in far_cmd  # updates x batch: the near control's 4 see fresh ones too
@@ -178,3 +180,27 @@ def test_a_near_control_that_learned_nothing_does_not_lower_the_far_checks():
     assert strong["checks"]["retro far gain comes from its neighbours"] and strong["checks"][
         "retro reaches half of xl's near advantage on far repeats"]
     assert not strong["checks"]["xl copies near repeats"] and not strong["passed"]
+
+
+def test_a_gain_that_random_chunks_of_the_document_give_too_is_not_reading():
+    from rpt.experiments.copytest import verdict
+
+    def run(setting, variant, tail, random_tail=None):  # repeat-tail losses: none 5.5, own `tail`, random `random_tail`
+        ev = {"none": {"advantage": 3.0 if setting == "near" else 0.0, "repeat-tail": 5.5, "all": 5.5}}
+        if variant != "xl":
+            ev["bm25"] = {"advantage": 5.5 - tail, "repeat-tail": tail, "all": 5.0}
+            if random_tail is not None:
+                ev["random"] = {"advantage": 5.5 - random_tail, "repeat-tail": random_tail, "all": 5.1}
+        return {"setting": setting, "variant": variant, "eval": ev}
+
+    s = CopyTestSettings(variants=("retro",))
+    xl = [run("near", "xl", 5.5), run("far", "xl", 5.5)]
+    name = "retro's own neighbours beat random chunks of the document"
+    primed = verdict(xl + [run("far", "retro", 1.5, random_tail=1.6)], s)  # any chunk of the document gives the gain
+    assert primed["checks"]["retro far gain comes from its neighbours"] and not primed["checks"][name]
+    assert not primed["passed"]
+    reads = verdict(xl + [run("far", "retro", 1.5, random_tail=5.4)], s)
+    assert reads["checks"][name] and reads["passed"]
+    assert reads["retro far ppl gain, random chunks"][0] == pytest.approx(np.exp(0.4))
+    # a summary recorded before the control existed keeps its checks
+    assert name not in verdict(xl + [run("far", "retro", 1.5)], s)["checks"]

@@ -22,7 +22,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     assert set(rows) == {"xl (near)", "xl (far)", "rpt-sem (far)"}
     assert rows["xl (near)"]["perplexity"]["n"] == 1 and "retrieval_gain" not in rows["xl (far)"]
     sem = rows["rpt-sem (far)"]
-    for key in ("perplexity", "perplexity_none", "retrieval_gain", "oracle_gain", "source_at_1"):
+    for key in ("perplexity", "perplexity_none", "retrieval_gain", "own_vs_random", "oracle_gain", "source_at_1"):
         assert sem[key]["n"] == 2, key
     assert sem["retrieval_gain"]["mean"] == pytest.approx(sem["perplexity_none"]["mean"] / sem["perplexity"]["mean"],
                                                           rel=0.2)  # a mean of ratios beside a ratio of means

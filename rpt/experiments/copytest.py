@@ -16,15 +16,17 @@ Every variant of a seed starts from the same weights (paired initialisation) and
 training document is used once). rpt-sem's scoring LM is the near control of the first seed: an xl that has learned
 to copy inside its window, exactly what scoring a candidate placed before the query needs (§3.2; any LM with in-context
 copying would do). It also labels the test documents, so every retrieving checkpoint is evaluated over whole test
-documents with its own neighbours, with none, with the oracle's (the scorer's best candidates) and, for rpt-lex and
-rpt-sem, with BM25's. Reported per chunk class (fresh, repeat-head, repeat-tail): mean NLL, and for the repeat-tail
-chunks how often the first neighbour's continuation is exactly the chunk to predict (hit@1).
+documents with its own neighbours, with none, with K random retrievable chunks of the same document (the control),
+with the oracle's (the scorer's best candidates) and, for rpt-lex and rpt-sem, with BM25's. Reported per chunk class
+(fresh, repeat-head, repeat-tail): mean NLL, and for the repeat-tail chunks how often the first neighbour's
+continuation is exactly the chunk to predict (hit@1).
 
 The copy advantage is loss(fresh) - loss(repeat-tail), nats. The test passes when xl's near advantage is large
 (>= `min_near` nats), xl's far advantage is small (< `max_xl_far`), and each retrieving variant's far advantage with
 its own neighbours reaches at least half of xl's near advantage (or of `min_near`, whichever is larger: a near control
 that learned nothing does not lower the bar), with a retrieval gain (loss without neighbours minus
-loss with them, on repeat-tail chunks) of the same size, and each trained retriever (rpt-lex, rpt-sem) ranks the true
+loss with them, on repeat-tail chunks) of the same size, a gain over random chunks of the document of the same size
+(reading the source, not any chunk of the document), and each trained retriever (rpt-lex, rpt-sem) ranks the true
 source chunk first for most repeat-tail chunks (hit@1 > 50%).
 
 The far corpus repeats every passage from the first far-enough one on by default (`far_p` = 1; the corpus default is
@@ -215,10 +217,12 @@ def _train(setting: str, variant: str, root: Path, labels: Path | None, seed: in
 def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
                   oracle_labels: Path | None = None) -> dict[str, dict[str, float]]:
     """Per source: mean NLL per chunk class and over all tokens ("all") of the first `n_docs` test documents, and hit@1
-    on repeat-tail chunks. Source "oracle" reads the scorer's best candidates from `oracle_labels` (sem, span doc)."""
+    on repeat-tail chunks. Source "oracle" reads the scorer's best candidates from `oracle_labels` (sem, span doc);
+    "random" reads K random retrievable chunks of the same document (the control: a gain that random chunks give too
+    is not reading the source)."""
     from rpt.checkpoint import load_model
     from rpt.data.synthetic import CLASSES, CopySpec, copy_classes, run_classes
-    from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors
+    from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors, random_neighbors
     from rpt.labels.store import LabelStore
     from rpt.train.data import open_store
 
@@ -238,6 +242,8 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
             nb = None
             if src == "bm25":
                 nb = bm25_neighbors(toks, M, S, K)
+            elif src == "random":
+                nb = random_neighbors(C, M, S, K, doc=d)
             elif labels is not None:
                 rows = labels.rows(d)
                 nb = oracle_neighbors(rows.candidates, rows.target, K)
@@ -305,7 +311,7 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
                 labels["rpt-sem"], oracle = _label_sem(far, run, s, log)
             sources = ["none"]
             if variant != "xl":
-                sources = [OWN_SOURCE[variant], "none", "oracle"] + (["bm25"] if variant != "retro" else [])
+                sources = [OWN_SOURCE[variant], "none", "random", "oracle"] + (["bm25"] if variant != "retro" else [])
             res = evaluate_copy(run, root, sources, s.eval_docs, oracle)
             runs.append({"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "eval": res,
                          "run": str(run), "store": str(root)})
@@ -415,6 +421,12 @@ def verdict(runs: list[dict[str, Any]], s: CopyTestSettings) -> dict[str, Any]:
                                                          for e in far_runs])
         checks[f"{v} reaches half of xl's near advantage on far repeats"] = a[0] >= 0.5 * scale
         checks[f"{v} far gain comes from its neighbours"] = gain[0] >= 0.5 * scale
+        if all("random" in e for e in far_runs):  # the control: K random retrievable chunks of the same document
+            out[f"{v} far ppl gain, random chunks"] = _mean_sd([float(np.exp(e["none"]["all"] - e["random"]["all"]))
+                                                                for e in far_runs])
+            over = _mean_sd([e["random"]["repeat-tail"] - e[own[v]]["repeat-tail"] for e in far_runs])
+            out[f"{v} far gain over random chunks"] = over
+            checks[f"{v}'s own neighbours beat random chunks of the document"] = over[0] >= 0.5 * scale
         if own[v] == "model":  # a trained retriever must find the source itself, not only read what it is handed
             hit = _mean_sd([e["model"].get("hit@1", 0.0) for e in far_runs])
             out[f"{v} source@1 (repeat-tail)"] = hit

@@ -107,7 +107,8 @@ def _mean_sd(xs: list[float]) -> dict[str, float]:
 
 def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
     """Rows from `rpt copytest`'s summary: per model, mean ± sd over seeds of the whole-document perplexity with its own
-    neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), the copy advantage
+    neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), own vs random chunks of
+    the document ppl(random) / ppl(own), the copy advantage
     loss(fresh) - loss(repeat-tail) in nats, and source@1 (the first neighbour of a repeat is its source)."""
     from rpt.experiments.copytest import OWN_SOURCE
 
@@ -122,6 +123,8 @@ def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
         if own != "none":
             row["perplexity_none"] = _mean_sd([math.exp(e["none"]["all"]) for e in evals])
             row["retrieval_gain"] = _mean_sd([math.exp(e["none"]["all"] - e[own]["all"]) for e in evals])
+            if all("random" in e for e in evals):  # the control: random retrievable chunks of the same document
+                row["own_vs_random"] = _mean_sd([math.exp(e["random"]["all"] - e[own]["all"]) for e in evals])
             if all("oracle" in e for e in evals):
                 row["oracle_gain"] = _mean_sd([math.exp(e["none"]["all"] - e["oracle"]["all"]) for e in evals])
             if all("hit@1" in e[own] for e in evals):
@@ -142,13 +145,15 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [f"copy corpus: later passages repeat earlier ones {lo}-{hi} passages ({128 * lo}-{128 * hi} tokens) back "
              f"(far), beyond xl's reach, or 1 back (near, the control xl can see); mean ± sd over "
              f"{len(summary['seeds'])} paired seed(s)",
-             f"{'model':<15}{'ppl':>16}{'ppl, no nbrs':>16}{'gain':>16}{'oracle gain':>15}{'copy adv (nats)':>18}"
-             f"{'source@1':>14}"]
+             f"{'model':<15}{'ppl':>16}{'ppl, no nbrs':>16}{'gain':>16}{'vs random':>16}{'oracle gain':>15}"
+             f"{'copy adv (nats)':>18}{'source@1':>14}"]
     for name, r in summary["rows"].items():
         lines.append(f"{name:<15}{ms(r['perplexity']):>16}{ms(r.get('perplexity_none')):>16}"
-                     f"{ms(r.get('retrieval_gain'), '{:.2f}'):>16}{ms(r.get('oracle_gain'), '{:.2f}'):>15}"
+                     f"{ms(r.get('retrieval_gain'), '{:.2f}'):>16}{ms(r.get('own_vs_random'), '{:.2f}'):>16}"
+                     f"{ms(r.get('oracle_gain'), '{:.2f}'):>15}"
                      f"{ms(r['advantage'], '{:+.2f}'):>18}{ms(r.get('source_at_1'), '{:.2f}'):>14}")
-    lines += ["gain = ppl with no neighbours / ppl with the model's own; copy adv = loss on fresh text - loss on a "
+    lines += ["gain = ppl with no neighbours / ppl with the model's own; vs random = ppl with random chunks of the "
+              "document / ppl with the model's own; copy adv = loss on fresh text - loss on a "
               "repeat's second half; source@1 = share of repeats whose first neighbour is their source",
               "rpt copytest's checks:"]
     lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in summary["checks"]["checks"].items()]
