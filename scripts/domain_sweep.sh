@@ -15,6 +15,7 @@
 #   SCORER=own (the sweep's seed-0 xl) | smollm2 | induction (a copying LM, cheap on a CPU) | any `rpt label --scorer` value
 #   GOLD=bm25 (test labels: BM25's top K) | all (exhaustive gold: every retrievable chunk, the paper's metrics; the
 #   sweep then evaluates with it) QUERY_FRACTION=1 (the share of test query chunks scored for exhaustive gold)
+# The train split's sem labels are made only when VARIANTS holds rpt-sem; the test split's always (the oracle).
 # Every step is skipped when its output exists, and `rpt sweep` resumes, so a killed run is continued by running the
 # same command again.
 set -euo pipefail
@@ -58,7 +59,10 @@ if [ "$SCORER" = own ]; then  # the scorer of the sem labels is the seed-0 xl of
   $RPT sweep --out "$OUT/sweep" --variants xl --seeds 0 "${paper_flag[@]}" -- "${train[@]}"
   scorer=$OUT/sweep/xl-seed0
 fi
-[ -d "$store/labels/train-sem-$SEQ_LEN" ] || $RPT label "${label[@]}" --k "$K" --split train --kind sem --span "$SEQ_LEN" --scorer "$scorer"
+case ",$VARIANTS," in  # the train split's sem labels only for a variant that trains on them
+  *,rpt-sem,*) [ -d "$store/labels/train-sem-$SEQ_LEN" ] ||
+                 $RPT label "${label[@]}" --k "$K" --split train --kind sem --span "$SEQ_LEN" --scorer "$scorer" ;;
+esac
 if [ "$GOLD" = all ]; then
   test_labels=$store/labels/test-sem-doc-all
   [ -d "$test_labels" ] || $RPT label "${label[@]}" --split test --kind sem --span doc --candidates all \

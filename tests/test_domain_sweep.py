@@ -64,6 +64,20 @@ def test_domain_sweep_script_runs_its_commands_in_order_and_resumes_dry(tmp_path
     assert recording_command.calls("rpt")[len(calls):] == [calls[2], calls[5]]
 
 
+
+def test_domain_sweep_script_labels_the_train_split_by_meaning_only_for_rpt_sem(tmp_path, recording_command,
+                                                                                monkeypatch):
+    rpt = recording_command("rpt")
+    monkeypatch.setitem(SETTINGS, "VARIANTS", "xl,retro")
+    done = run_script(tmp_path / "dom", rpt, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = recording_command.calls("rpt")
+    assert [a[0] for a in calls] == ["prepare", "label", "sweep", "label", "sweep"]
+    parser = build_parser()
+    sem_test, sweep = parser.parse_args(calls[3]), parser.parse_args(calls[4])
+    assert (sem_test.kind, sem_test.split, sem_test.span) == ("sem", "test", "doc")  # retro's oracle still has labels
+    assert sweep.variants == "xl,retro"
+
 @pytest.mark.slow
 @pytest.mark.skipif(not RPT.exists(), reason="the rpt console script is not installed beside this python")
 def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):
