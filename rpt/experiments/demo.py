@@ -171,7 +171,7 @@ def _log(run: str) -> list[dict[str, Any]]:
 
 def plot_demo(copy: dict[str, Any], path: Path) -> Path:
     """Left: training loss of xl and rpt-sem on the far corpus, every seed. Right: per seed, test perplexity of xl, of
-    rpt-sem without neighbours and with its own (log scale): what retrieval buys."""
+    rpt-sem without neighbours, with random chunks of the document and with its own (log scale): what retrieval buys."""
     plt = require("matplotlib.pyplot", "the demo's figure")
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     far = [r for r in copy["runs"] if r["setting"] == "far"]
@@ -185,16 +185,21 @@ def plot_demo(copy: dict[str, Any], path: Path) -> Path:
     a.legend()
     a.grid(alpha=0.3)
     seeds = sorted({r["seed"] for r in far})
-    bars = [("xl", "none", "xl")] + [(v, "none", f"{v}, no neighbours") for v in variants if v != "xl"] + \
-           [(v, "model" if v != "retro" else "bm25", f"{v}, own neighbours") for v in variants if v != "xl"]
-    width = 0.8 / len(bars)
+    cca = [v for v in variants if v != "xl"]
+    bars = [("xl", "none", "xl")] + [(v, "none", f"{v}, no neighbours") for v in cca]
+    bars += [(v, "random", f"{v}, random chunks of the document") for v in cca
+             if all("random" in r["eval"] for r in far if r["variant"] == v)]  # the control (absent in old summaries)
+    bars += [(v, "model" if v != "retro" else "bm25", f"{v}, own neighbours") for v in cca]
+    width, top = 0.8 / len(bars), 1.0
     for k, (v, src, label) in enumerate(bars):
         ys = [math.exp(next(r["eval"][src]["all"] for r in far if r["variant"] == v and r["seed"] == s)) for s in seeds]
         b.bar([i + k * width for i in range(len(seeds))], ys, width, label=label, color=f"C{k}")
+        top = max(top, *ys)
     b.set_yscale("log")
+    b.set_ylim(top=top * 12)  # head room for the legend above the bars
     b.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(seeds))], [f"seed {s}" for s in seeds])
-    b.set(ylabel="test perplexity (log scale)", title="what retrieval buys: same checkpoint, neighbours off / on")
-    b.legend(fontsize=8, loc="center")
+    b.set(ylabel="test perplexity (log scale)", title="what retrieval buys: same checkpoint, other neighbours")
+    b.legend(fontsize=8, loc="upper center", ncol=2)
     b.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return save_figure(fig, path)
