@@ -3,6 +3,7 @@ online falling back to offline when W&B cannot be reached, a missing package ref
 
 import json
 import sys
+import time
 import types
 import warnings
 
@@ -115,9 +116,15 @@ def test_an_offline_run_holds_the_scalars(corpus, no_login, monkeypatch, tmp_pat
     run_id = json.loads((corpus["tmp"] / "run" / "wandb.json").read_text())["id"]
     files = list((tmp_path / "wb" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 1
-    data = files[0].read_bytes()  # the run's records; each scalar is stored as its JSON text
     rows = [json.loads(x) for x in (corpus["tmp"] / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for row in rows:
-        for key in ("lm_loss", "grad_norm", "tokens_per_s", "lr"):
-            assert key.encode() in data and json.dumps(row[key]).encode() in data, key
+    wanted = [(key, json.dumps(row[key])) for row in rows for key in ("lm_loss", "grad_norm", "tokens_per_s", "lr")]
+    # wandb's service process may still be writing the file when finish() has returned: wait for it, briefly
+    deadline = time.monotonic() + 30
+    while True:
+        data = files[0].read_bytes()  # the run's records; each scalar is stored as its JSON text
+        if all(k.encode() in data and v.encode() in data for k, v in wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for key, value in wanted:
+        assert key.encode() in data and value.encode() in data, key
