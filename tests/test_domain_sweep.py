@@ -64,7 +64,6 @@ def test_domain_sweep_script_runs_its_commands_in_order_and_resumes_dry(tmp_path
     assert recording_command.calls("rpt")[len(calls):] == [calls[2], calls[5]]
 
 
-
 def test_domain_sweep_script_labels_the_train_split_by_meaning_only_for_rpt_sem(tmp_path, recording_command,
                                                                                 monkeypatch):
     rpt = recording_command("rpt")
@@ -77,6 +76,7 @@ def test_domain_sweep_script_labels_the_train_split_by_meaning_only_for_rpt_sem(
     sem_test, sweep = parser.parse_args(calls[3]), parser.parse_args(calls[4])
     assert (sem_test.kind, sem_test.split, sem_test.span) == ("sem", "test", "doc")  # retro's oracle still has labels
     assert sweep.variants == "xl,retro"
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(not RPT.exists(), reason="the rpt console script is not installed beside this python")
