@@ -39,10 +39,15 @@ def pool_size(query_chunk: A, chunk_size: int, segment_len: int) -> A:
     return n.clip(min=0) if isinstance(n, (np.ndarray, torch.Tensor)) else max(n, 0)
 
 
-def retrievable_mask(n_chunks: int, chunk_size: int, segment_len: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool [C, C]: mask[i, j] is True iff chunk j (with continuation j+1) is retrievable for query chunk i."""
+def retrievable_mask(n_chunks: int, chunk_size: int, segment_len: int, device: torch.device | None = None,
+                     n_before: int = 0) -> torch.Tensor:
+    """Bool [C, C]: mask[i, j] is True iff chunk j (with continuation j+1) is retrievable for query chunk i.
+
+    n_before > 0: [C, n_before + C], the first n_before columns being the chunks just before chunk 0 (chunks
+    -n_before .. -1 of the same document; the rule holds across the boundary because it counts whole segments)."""
     idx = torch.arange(n_chunks, device=device)
-    return idx[None, :] <= last_retrievable(idx, chunk_size, segment_len)[:, None]
+    keys = torch.arange(-n_before, n_chunks, device=device)
+    return keys[None, :] <= last_retrievable(idx, chunk_size, segment_len)[:, None]
 
 
 def retrievable_mask_np(n_chunks: int, chunk_size: int, segment_len: int) -> np.ndarray:

@@ -214,6 +214,12 @@ class TrainConfig:
     # p_ss over training: the paper's cosine anneal | 1 throughout (teacher forcing only: CCA always reads the gold
     # neighbours) | 0 throughout (no teacher forcing: always the retriever's own) — the two ablations of Table 4
     ss_schedule: Literal["anneal", "gold", "own"] = "anneal"
+    # negatives from beyond the span (rpt-lex, rpt-sem): this many tokens of the document before each training
+    # sequence, a multiple of model.segment_len, run through the lower decoder and chunk encoder without gradient; their
+    # chunks join every query chunk's ranking pool as non-candidates, under the retrievable rule, so the ranking loss
+    # sees pools nearer the size of whole-document evaluation's. Only the ranking loss reads them: CCA's neighbours
+    # stay inside the sequence. 0: the paper, pools inside the sequence
+    prefix_negatives: int = 0
     loss_chunk: int = 1024  # LM loss over this many target tokens at a time (no [B, T, V] logits); 0 = full logits
     # (the tiny preset uses 0)
     neighbor_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation
@@ -285,6 +291,9 @@ class RPTConfig:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is not a multiple of model.segment_len={self.model.segment_len}")
         if self.train.wandb and not self.train.wandb_project.strip():
             raise ConfigError("train.wandb_project must name a W&B project when train.wandb is on")
+        if self.train.prefix_negatives % self.model.segment_len:
+            raise ConfigError(f"train.prefix_negatives={self.train.prefix_negatives} is not a multiple of "
+                              f"model.segment_len={self.model.segment_len}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -364,6 +373,7 @@ def check_ranges(cfg: RPTConfig) -> None:
         "train.weight_decay": at_least(0), "train.tau_max": positive, "train.alpha_ret": at_least(0),
         "train.alpha_ramp_steps": at_least(0), "train.ss_fraction": unit, "train.loss_chunk": at_least(0),
         "train.neighbor_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
+        "train.prefix_negatives": at_least(0),
         "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
         "train.val_every": at_least(0), "train.val_sequences": at_least(1),
         "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
@@ -397,7 +407,8 @@ _READ_ONLY_BY = {
     RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
                  "train.neighbor_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
     # the retrieval loss, scheduled sampling
-    ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_", "train.lambdarank_"),
+    ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_", "train.lambdarank_",
+                              "train.prefix_negatives"),
     ("memorizing",): ("model.memory_",),
     ("block-recurrent",): ("model.recurrent_",),
     ("griffin",): ("model.griffin_",),

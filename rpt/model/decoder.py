@@ -32,6 +32,8 @@ class RPTOutput:
     logits            [B, T, V]; None when forward computed the LM loss itself (loss_chunk > 0)
     lm                (summed NLL, number of targets) of the LM loss, computed in chunks (forward with loss_chunk)
     retrieval_scores  [B, C, C] s_q(c_j) for query chunk i, -inf where j is not retrievable (forward, rpt-* only)
+    prefix_scores     [B, C, Cp] s_q of the chunks before the sequence (forward with prefix_ids: training's negatives
+                      from beyond the span), -inf where not retrievable or padding
     neighbor_ids      [B, C, K] chunk ids CCA used (-1 = empty slot); None for xl
     top_ids/top_scores [B, C, R] the retriever's own top-R (R = retrieve_k), rpt-* only
     gates             [B, C, K] neighbour gate values
@@ -42,6 +44,7 @@ class RPTOutput:
     logits: torch.Tensor | None
     lm: Sum | None = None
     retrieval_scores: torch.Tensor | None = None
+    prefix_scores: torch.Tensor | None = None
     neighbor_ids: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
     top_scores: torch.Tensor | None = None

@@ -26,7 +26,16 @@ from rpt.chunks import chunks_per_segment, last_retrievable, retrievable_mask
 from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
 from rpt.model.cca import ChunkedCrossAttention, NeighborKV
 from rpt.model.decoder import RPTOutput, TiedLM, draw_seed, mean_loss
-from rpt.model.layers import KVCache, RMSNorm, SelfAttention, SwiGLU, init_weights, keyed_generator, set_attention_dropout
+from rpt.model.layers import (
+    KVCache,
+    RMSNorm,
+    SelfAttention,
+    SwiGLU,
+    autocast_off,
+    init_weights,
+    keyed_generator,
+    set_attention_dropout,
+)
 from rpt.model.memory import ChunkMemory, TorchMemory
 from rpt.model.neighbors import GateCache, NeighborGate, QueryAugmentation, gather_neighbors
 from rpt.model.retriever import ChunkEncoder, Retriever, top_k
@@ -176,6 +185,43 @@ class RPT(TiedLM, nn.Module):
         nkv = NeighborKV(nb.reshape(B, Q, K * L, D), mask.reshape(B, Q, K * L), bias, scale)
         return nkv, gates
 
+    def _prefix_scores(self, pooled: torch.Tensor, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor | None
+                       ) -> torch.Tensor:
+        """Scores [B, C, Cp] of the query chunks (pooled [B, C, D]) against the chunks of the tokens before the
+        sequence, -inf where the retrievable rule or the padding excludes them. The prefix's lower-decoder and
+        chunk-encoder states are computed without gradient, each sequence's real prefix on its own (no padding
+        enters its windows); the retriever's key projection learns from them as from any key."""
+        assert self.retriever is not None
+        B, P = prefix_ids.shape
+        M, S = self.cfg.chunk_size, self.cfg.segment_len
+        if P % S:
+            raise ValueError(f"prefix_ids holds {P} tokens, not a multiple of the segment ({S})")
+        Cp = P // M
+        real = torch.ones_like(prefix_ids, dtype=torch.bool) if prefix_mask is None else prefix_mask.bool()
+        prefix_pooled = pooled.new_zeros(B, Cp, pooled.shape[-1])
+        with torch.no_grad():
+            for b in range(B):
+                n = int(real[b].sum())
+                if n % S or not bool(real[b, P - n :].all()):
+                    raise ValueError(f"prefix_mask of sequence {b}: the real prefix must be whole segments ({S} tokens) "
+                                     "at the end (right-aligned)")
+                if n == 0:
+                    continue
+                x, rot = self._embed_segments(prefix_ids[b : b + 1, P - n :])
+                for layer in self.lower:
+                    x = layer(x, rot)
+                states = x.view(1, -1, M, x.shape[-1])
+                if self.encoder is not None:
+                    states = self.encoder(states)
+                prefix_pooled[b, Cp - states.shape[1] :] = states[0].mean(1).to(prefix_pooled.dtype)
+        q = self.retriever.queries(pooled).float()
+        k = self.retriever.keys(prefix_pooled).float()
+        with autocast_off(q.device.type):
+            s = q @ k.transpose(1, 2)  # [B, C, Cp]
+        allowed = retrievable_mask(pooled.shape[1], M, S, pooled.device, n_before=Cp)[:, :Cp]  # [C, Cp]
+        whole = real.view(B, Cp, M).all(-1)  # [B, Cp]
+        return s.masked_fill(~(allowed[None] & whole[:, None, :]), float("-inf"))
+
     @staticmethod
     def _choose(own: torch.Tensor | None, supplied: torch.Tensor | None, use_supplied: torch.Tensor | None) -> torch.Tensor:
         if supplied is None:
@@ -189,7 +235,8 @@ class RPT(TiedLM, nn.Module):
     def forward(self, input_ids: torch.Tensor, neighbor_ids: torch.Tensor | None = None,
                 use_supplied: torch.Tensor | None = None, n_neighbors: int | None = None,
                 retrieve_k: int | None = None, loss_chunk: int = 0, loss_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> RPTOutput:
+                labels: torch.Tensor | None = None, prefix_ids: torch.Tensor | None = None,
+                prefix_mask: torch.Tensor | None = None) -> RPTOutput:
         """input_ids [B, T]. neighbor_ids [B, C, K'] supplied neighbour chunk ids (sequence-relative, -1 = empty):
         BM25 for retro, gold for scheduled sampling, oracle at evaluation. use_supplied [B, C] picks supplied over
         the retriever's own top-K per query chunk (None: supplied everywhere when given). Supplied ids that break the
@@ -202,7 +249,11 @@ class RPT(TiedLM, nn.Module):
 
         labels [B, T] (usually input_ids itself): `out.loss` is the mean next-token cross-entropy, position t scored
         on labels[t + 1] (the training loss's shift), labels of -100 not scored; the logits are still returned unless
-        loss_chunk > 0."""
+        loss_chunk > 0.
+
+        prefix_ids [B, P] (P a multiple of the segment), prefix_mask [B, P]: the document's tokens just before
+        input_ids, right-aligned (`train.prefix_negatives`). Their chunks are scored by every query chunk into
+        `out.prefix_scores` (the ranking loss's negatives from beyond the span); nothing else reads them."""
         cfg = self.cfg
         B, T = input_ids.shape
         S, M = cfg.segment_len, cfg.chunk_size
@@ -223,6 +274,8 @@ class RPT(TiedLM, nn.Module):
                 top_ids, top_scores = top_k(scores, max(K, retrieve_k or K))
                 own = top_ids[..., :K]
                 out.retrieval_scores, out.top_ids, out.top_scores = scores[:, : T // M, : T // M], top_ids, top_scores
+                if prefix_ids is not None:
+                    out.prefix_scores = self._prefix_scores(chunk_states.mean(2)[:, : T // M], prefix_ids, prefix_mask)
             supplied = None
             if neighbor_ids is not None:
                 supplied = F.pad(neighbor_ids[..., :K], (0, max(0, K - neighbor_ids.shape[-1]), 0, C - neighbor_ids.shape[1]),

@@ -95,13 +95,15 @@ class Batch:
     target: torch.Tensor | None = None  # [B, C, k] float32 (NaN for lexical labels)
     index: torch.Tensor | None = None  # [B] long, the sequences' positions in the sequence index
     position: torch.Tensor | None = None  # [B] long, the sequences' positions in the data stream (unique per run)
+    prefix_ids: torch.Tensor | None = None  # [B, P] long, the document's tokens before each sequence, right-aligned
+    prefix_mask: torch.Tensor | None = None  # [B, P] bool, True on real prefix tokens (PAD before a document's start)
 
     def to(self, device: torch.device | str) -> Batch:
         def mv(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.to(device, non_blocking=True)
 
         return Batch(*(mv(getattr(self, f)) for f in ("input_ids", "loss_mask", "candidates", "bm25", "target", "index",
-                                                 "position")))
+                                                 "position", "prefix_ids", "prefix_mask")))
 
     @property
     def n_tokens(self) -> int:
@@ -109,14 +111,21 @@ class Batch:
 
 
 class SequenceDataset:
-    """Training sequences of a token store, with their labels made sequence-relative."""
+    """Training sequences of a token store, with their labels made sequence-relative.
+
+    prefix_len > 0 (a multiple of segment_len): each batch also carries the prefix_len tokens of the document before
+    each sequence (`Batch.prefix_ids`, right-aligned, PAD where the document starts later): the negatives from
+    beyond the span of `train.prefix_negatives`. Sequences start on multiples of seq_len, so a prefix is always whole
+    segments."""
 
     def __init__(self, store: TokenStore, seq_len: int, chunk_size: int, segment_len: int,
-                 labels: LabelStore | None = None) -> None:
+                 labels: LabelStore | None = None, prefix_len: int = 0) -> None:
         if seq_len % segment_len or segment_len % chunk_size:
             raise ValueError(f"seq_len {seq_len} must be a multiple of segment_len {segment_len}, "
                              f"itself a multiple of chunk_size {chunk_size}")
-        self.store, self.labels = store, labels
+        if prefix_len < 0 or prefix_len % segment_len:
+            raise ValueError(f"prefix_len {prefix_len} must be a non-negative multiple of segment_len {segment_len}")
+        self.store, self.labels, self.prefix_len = store, labels, prefix_len
         self.T, self.M, self.S = seq_len, chunk_size, segment_len
         self.C = seq_len // chunk_size
         self.index = sequence_index(store.doc_lengths(), seq_len, min_len=2 * segment_len)
@@ -134,6 +143,18 @@ class SequenceDataset:
         ids[:n] = self.store.document(d)[start : start + n]
         mask = np.zeros(self.T, dtype=bool)
         mask[:n] = True
+        return ids, mask
+
+    def prefix(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The prefix_len tokens of the document before sequence i, right-aligned (ids [P], real-token mask [P])."""
+        d, start, _ = (int(x) for x in self.index[i])
+        P = self.prefix_len
+        n = min(P, start)
+        ids = np.full(P, PAD_ID, dtype=np.int64)
+        mask = np.zeros(P, dtype=bool)
+        if n:
+            ids[P - n :] = self.store.document(d)[start - n : start]
+            mask[P - n :] = True
         return ids, mask
 
     def labels_of(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -160,6 +181,9 @@ class SequenceDataset:
         ids, mask = zip(*(self.tokens(int(i)) for i in indices), strict=True)
         batch = Batch(torch.from_numpy(np.stack(ids)), torch.from_numpy(np.stack(mask)),
                       index=torch.as_tensor(np.asarray(indices, dtype=np.int64)))
+        if self.prefix_len:
+            pids, pmask = zip(*(self.prefix(int(i)) for i in indices), strict=True)
+            batch.prefix_ids, batch.prefix_mask = torch.from_numpy(np.stack(pids)), torch.from_numpy(np.stack(pmask))
         if self.labels is not None:
             cand, bm25, target = zip(*(self.labels_of(int(i)) for i in indices), strict=True)
             batch.candidates = torch.from_numpy(np.stack(cand))

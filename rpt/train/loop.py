@@ -79,9 +79,10 @@ class StepInputs:
 
     batch: Batch
     model_kwargs: dict[str, torch.Tensor]
+    # with prefix negatives (train.prefix_negatives) the last dimension is Cp + C: the prefix's chunks first
     relevance: torch.Tensor | None = None  # [B, C, C] target relevance per (query chunk, chunk), -inf = not a candidate
     positive: torch.Tensor | None = None  # [B, C, C] bool, the gold set
-    retrievable: torch.Tensor | None = None  # [C, C] bool
+    retrievable: torch.Tensor | None = None  # [C, C] bool ([B, C, Cp + C] with prefix negatives)
 
 
 def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: torch.device) -> StepInputs:
@@ -109,7 +110,17 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
         rel, pos = relevance_from_candidates(cands, batch.bm25, C)
     keys = [sampling_key(seed, int(p)) for p in batch.position.tolist()] if batch.position is not None else list(range(B))
     kwargs = {"neighbor_ids": gold_neighbors(rel, pos, K), "use_supplied": sample_gold_mask(keys, C, p_ss, device)}
-    return StepInputs(batch, kwargs, rel, pos, retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device))
+    retrievable = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device)
+    if batch.prefix_ids is not None:  # negatives from beyond the span: the prefix's chunks come first, as non-candidates
+        assert batch.prefix_mask is not None
+        kwargs["prefix_ids"], kwargs["prefix_mask"] = batch.prefix_ids, batch.prefix_mask
+        Cp = batch.prefix_ids.shape[1] // mcfg.chunk_size
+        whole = batch.prefix_mask.view(B, Cp, mcfg.chunk_size).all(-1)  # [B, Cp]
+        allowed = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device, n_before=Cp)  # [C, Cp + C]
+        retrievable = allowed[None] & torch.cat([whole, whole.new_ones(B, C)], 1)[:, None, :]  # [B, C, Cp + C]
+        rel = torch.cat([rel.new_full((B, C, Cp), float("-inf")), rel], -1)
+        pos = torch.cat([pos.new_zeros(B, C, Cp), pos], -1)
+    return StepInputs(batch, kwargs, rel, pos, retrievable)
 
 
 def sampling_key(seed: int, position: int) -> int:
@@ -343,7 +354,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         check_labels(labels, store, cfg)
     if memory_check and not fsdp:  # FSDP shards the states over ranks: the estimate is for one whole model
         check_fits(cfg, dev)
-    dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels)
+    dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels,
+                              prefix_len=tc.prefix_negatives if mcfg.has_retriever else 0)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
     validation = _validation_set(store_root if store_root is not None else cfg.data.store, cfg) if tc.val_every else None
     if tc.wandb and info.is_main:
@@ -462,6 +474,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                     ret = rec = Sum(zero, zero)
                     if retriever:
                         scores = out.retrieval_scores
+                        prefix_scores = getattr(out, "prefix_scores", None)
+                        if prefix_scores is not None:  # chunks before the sequence: columns -Cp .. -1
+                            scores = torch.cat([prefix_scores, scores], -1)
                         if not checked_scores:
                             _check_scores(scores, x.retrievable)
                             checked_scores = True
