@@ -110,14 +110,14 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
         rel, pos = relevance_from_candidates(cands, batch.bm25, C)
     keys = [sampling_key(seed, int(p)) for p in batch.position.tolist()] if batch.position is not None else list(range(B))
     kwargs = {"neighbor_ids": gold_neighbors(rel, pos, K), "use_supplied": sample_gold_mask(keys, C, p_ss, device)}
-    retrievable = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device)
-    if batch.prefix_ids is not None:  # negatives from beyond the span: the prefix's chunks come first, as non-candidates
+    # negatives from beyond the span: the prefix's Cp chunks come first, as non-candidates
+    Cp = 0 if batch.prefix_ids is None else batch.prefix_ids.shape[1] // mcfg.chunk_size
+    retrievable = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device, n_before=Cp)  # [C, Cp + C]
+    if batch.prefix_ids is not None:
         assert batch.prefix_mask is not None
         kwargs["prefix_ids"], kwargs["prefix_mask"] = batch.prefix_ids, batch.prefix_mask
-        Cp = batch.prefix_ids.shape[1] // mcfg.chunk_size
         whole = batch.prefix_mask.view(B, Cp, mcfg.chunk_size).all(-1)  # [B, Cp]
-        allowed = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device, n_before=Cp)  # [C, Cp + C]
-        retrievable = allowed[None] & torch.cat([whole, whole.new_ones(B, C)], 1)[:, None, :]  # [B, C, Cp + C]
+        retrievable = retrievable[None] & torch.cat([whole, whole.new_ones(B, C)], 1)[:, None, :]  # [B, C, Cp + C]
         rel = torch.cat([rel.new_full((B, C, Cp), float("-inf")), rel], -1)
         pos = torch.cat([pos.new_zeros(B, C, Cp), pos], -1)
     return StepInputs(batch, kwargs, rel, pos, retrievable)
