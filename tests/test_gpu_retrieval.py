@@ -54,7 +54,7 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     out = tmp_path / "gr"
     env = dict(os.environ, REQUIRE_GPU="0", PRESET="tiny", SCORER="own", SEQ_LEN="512", SEGMENT="64", STEPS="2",
                LR="0.01", BATCH="2", SEEDS="0", ALPHA_RAMP="1", TOKENIZER="corpus", QUERY_FRACTION="1", RPT=str(RPT),
-               PYTHON=sys.executable,
+               PYTHON=sys.executable, CURVE="1", CHECKPOINT_EVERY="1",
                CORPUS="synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -74,6 +74,8 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     assert sem["gold"] == ["exhaustive"]
     md = (out / "sweep" / "compare.md").read_text()
     assert "random (chance, expected)" in md and "P@2 by pool size" in md and "ppl, random neighbours" in md
+    curve = json.loads((out / "sweep" / "curve.json").read_text())  # the retriever at update 1, then at the end
+    assert [(r["variant"], r["step"]) for r in curve["rows"] if "metrics_model" in r] == [("rpt-sem", 1), ("rpt-sem", 2)]
 
 
 def test_refuses_without_a_gpu_in_one_line(tmp_path):
