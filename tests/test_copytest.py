@@ -66,6 +66,7 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
                        (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
                        (["--scorer-k", "0"], "--scorer-k"), (["--passage", "160-96"], "--passage"),
                        (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage"),
+                       (["--tokenizer", "bpe:512"], "--tokenizer"), (["--vocab", "1"], "--vocab"),
                        (["--near-lr", "-1"], "--near-lr"), (["--lr", "0"], "--lr"), (["--near-p", "-0.1"], "--near-p"),
                        (["--scorer", str(tmp_path / "no-such-model")], "--scorer")]:
         assert main(["copytest", "--out", str(tmp_path), *argv]) == 2
@@ -128,6 +129,31 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
     assert any(c.endswith("by-induction") and "--scorer induction" in c for c in summary["commands"])
     assert sem["eval"]["oracle"]["hit@1"] >= max(0.5, sem["eval"]["bm25"]["hit@1"])
     assert summary["path"].endswith("copytest-1024x64-passage96-160-2steps-scorer=induction.json")
+
+
+def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_tokens(tmp_path):
+    from rpt.experiments.copytest import passage_tokens, text_tokenizer
+    from rpt.train.data import open_store
+
+    s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
+                         variants=("retro",), seq_len=2048, segment_len=64, passage=20, passage_max=30, words="text")
+    path, per_word = text_tokenizer(s)
+    assert path.is_file() and 1.5 < per_word < 3.0  # bpe:2048 on 1,024 pseudo-words of 3-8 letters: about two
+    s.tokens_per_word = per_word
+    shortest, longest = passage_tokens(s)
+    assert shortest <= 20 * per_word <= 30 * per_word <= longest
+    summary = run_copytest(s)
+    near_store, far_store = (next((tmp_path / "ct" / "stores").glob(f"{k}-*")) for k in ("copy-near", "copy-far"))
+    near, far = open_store(near_store, "test"), open_store(far_store, "test")
+    assert near.tokenizer_id == far.tokenizer_id and far.tokenizer_id["vocab_size"] > 1024  # one BPE, both stores
+    lengths = [len(far.document(i)) for i in range(len(far))]
+    assert max(lengths) <= 2048 and min(lengths) > 1024  # sized in tokens: each document fits one span
+    far_cmd = next(c for c in summary["commands"] if "synthetic:copy-far" in c)
+    assert "words=text" in far_cmd and "vocab=1024" in far_cmd and f"--tokenizer {path}" in far_cmd
+    assert summary["settings"]["tokens_per_word"] == pytest.approx(per_word)
+    retro = next(r for r in summary["runs"] if r["variant"] == "retro")
+    assert "-text-bpe2048" in retro["run"]  # never mixed with the ids corpus's runs
+    assert 0 <= retro["eval"]["bm25"]["hit@1"] <= 1  # scored as the unaligned corpus: runs of copied tokens
 
 
 def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():

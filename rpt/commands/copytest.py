@@ -48,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passage", default=str(d.passage),
                    help=f"words per passage, N or LO-HI: lengths that vary put repeats at every offset to the 64-token "
                    f"chunk grid (the unaligned copy test, e.g. 150-250; default {d.passage}: two chunks, on the grid)")
+    p.add_argument("--words", choices=("ids", "text"), default=d.words,
+                   help="ids: one token per word (default) | text: pseudo-words split by a BPE trained on the corpus "
+                   "(--tokenizer), so passages have varying token lengths and chunk boundaries fall inside words")
+    p.add_argument("--vocab", type=int, default=d.vocab,
+                   help="words of the corpus (default: 256, or 1024 with --words text)")
+    p.add_argument("--tokenizer", default=d.tokenizer,
+                   help="--words text: the tokenizer trained on the corpus (default bpe:2048, about two tokens a word)")
     p.add_argument("--near-first-seed-only", action="store_true",
                    help="run the near control (and rpt-sem's scorer) for the first seed only")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
@@ -100,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--passage {args.passage!r}: a number of words, or LO-HI (e.g. 150-250)") from None
     if passage < 1 or (passage_max and passage_max < passage):
         raise UserError(f"--passage {args.passage!r}: at least 1 word, and LO <= HI")
+    if args.vocab < 0 or args.vocab == 1:
+        raise UserError(f"--vocab {args.vocab}: at least 2 words (0: the default)")
+    if args.tokenizer and args.words != "text":
+        raise UserError(f"--tokenizer {args.tokenizer}: only with --words text (the ids corpus has its own)")
     overrides = {key.removeprefix("model."): value for key, value in parse_sets(args.set, ("model",)).items()}
     s = CopyTestSettings(out=args.out, steps=args.steps, lr=args.lr, batch_size=args.batch_size, seeds=seeds,
                          seq_len=args.seq_len, segment_len=args.segment_len, scorer_k=args.scorer_k,
@@ -109,8 +120,12 @@ def run(args: argparse.Namespace) -> int:
                          scorer=args.scorer,
                          progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query, passage=passage,
-                         passage_max=passage_max)
+                         passage_max=passage_max, words=args.words, vocab=args.vocab, tokenizer=args.tokenizer)
     try:
+        if s.words == "text":
+            from rpt.experiments.copytest import text_tokenizer
+
+            s.tokens_per_word = text_tokenizer(s)[1]
         far_distance(s)
         # a misspelt or mistyped --set field fails now, not when the first retrieving variant starts training
         RPTConfig.from_preset(s.preset, variant=variants[0] if variants else "rpt-sem", segment_len=s.segment_len,

@@ -17,6 +17,9 @@ Parameters follow the name as ``synthetic:copy-far?docs=4000&vocab=256&passage=1
 ``passage=LO-HI`` draws each fresh passage's length uniformly from LO..HI words (a repeat keeps its source's length):
 passages then start at every offset to the chunk grid, and a source and its copy at different offsets, as repeats in
 real text do (the *unaligned* corpus; the default, 128, keeps every passage on the grid).
+``words=text`` writes each word as a pseudo-word of 3-8 letters instead of ``w<id>`` and ships no tokenizer: a BPE
+trained on the corpus (``rpt prepare --tokenizer bpe:N``) then splits words into one or more tokens, so passages
+are of varying token length and chunk boundaries fall inside words, as in real text (the *text* corpus).
 Splits: train has `docs` documents, validation and test `eval_docs` each, from independent random streams (seeded by
 (seed, split)), so no test passage is a training passage. Everything is a pure function of the parameters.
 
@@ -65,6 +68,7 @@ class CopySpec:
     max_distance: int = 12
     p_repeat: float = 0.5
     seed: int = 0
+    words: str = "ids"  # ids: w<id>, one token per word (own tokenizer) | text: pseudo-words, for a BPE (module doc)
 
     def validate(self) -> None:
         if self.vocab < 2 or self.passage < 1 or self.passages < 2 or self.docs < 1 or self.eval_docs < 1:
@@ -77,6 +81,8 @@ class CopySpec:
             raise ValueError(f"synthetic:{self.setting}: passage=LO-HI needs LO <= HI, got {self.passage}-{self.passage_max}")
         if not 0.0 <= self.p_repeat <= 1.0:
             raise ValueError(f"synthetic:{self.setting}: p must lie in [0, 1], got {self.p_repeat}")
+        if self.words not in ("ids", "text"):
+            raise ValueError(f"synthetic:{self.setting}: words must be ids or text, got {self.words!r}")
 
     @property
     def spec(self) -> str:
@@ -99,7 +105,7 @@ class CopySpec:
 
     def aligned(self, chunk_size: int) -> bool:
         """True when every passage is whole chunks: repeats sit on the chunk grid, as their sources do."""
-        return not self.variable and self.passage % chunk_size == 0
+        return self.words == "ids" and not self.variable and self.passage % chunk_size == 0
 
 
 def parse_spec(spec: str) -> CopySpec:
@@ -123,13 +129,17 @@ def parse_spec(spec: str) -> CopySpec:
             elif key == "passage":
                 lo, _, hi = value.partition("-")
                 kw["passage"], kw["passage_max"] = int(lo), (int(hi) if hi else 0)
+            elif key == "words":
+                if value not in ("ids", "text"):
+                    raise ValueError
+                kw["words"] = value
             elif key in types and key not in ("setting", "min_distance", "max_distance"):
                 kw[key] = float(value) if types[key] in (float, "float") else int(value)
             else:
                 raise KeyError(key)
         except KeyError:
             raise ValueError(f"corpus {spec!r}: unknown parameter {key!r}; use docs, eval_docs, vocab, "
-                             f"passage=N or LO-HI, passages, distance=MIN-MAX, p, seed") from None
+                             f"passage=N or LO-HI, passages, distance=MIN-MAX, p, seed, words=ids|text") from None
         except ValueError:
             raise ValueError(f"corpus {spec!r}: bad value in {part!r}") from None
     out = CopySpec(**kw)
@@ -159,6 +169,20 @@ def copy_document(rng: np.random.Generator, s: CopySpec) -> np.ndarray:
     return np.concatenate(out).astype(np.int64)
 
 
+def pseudo_words(n: int) -> list[str]:
+    """`n` distinct lowercase pseudo-words of 3-8 letters, the same for every corpus (word id i is the i-th)."""
+    rng = np.random.default_rng(20240613)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        w = "".join(letters[rng.integers(0, 26, int(rng.integers(3, 9)))])
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return out
+
+
 class CopyCorpus(Corpus):
     """The synthetic copy corpus as a `Corpus` (texts of space-separated words) with its word-level tokenizer."""
 
@@ -178,11 +202,16 @@ class CopyCorpus(Corpus):
 
     def documents(self, split: str, skips: Skips | None = None) -> Iterator[Document]:
         name = self._check_split(split)
+        words = pseudo_words(self.params.vocab) if self.params.words == "text" else None
         for i, ids in enumerate(self.word_ids(split)):
-            yield Document(f"{name}-{i:06d}", " ".join(f"w{w}" for w in ids.tolist()))
+            text = " ".join(words[w] for w in ids.tolist()) if words else " ".join(f"w{w}" for w in ids.tolist())
+            yield Document(f"{name}-{i:06d}", text)
 
     def tokenizer(self):
         """A word-level tokenizer: one token per word (ids 0 ... vocab-1 are w0 ...), then <unk>, <|endoftext|>."""
+        if self.params.words == "text":
+            raise ValueError(f"corpus {self.spec!r} (words=text) is meant for a trained tokenizer: pass one, e.g. "
+                             "--tokenizer bpe:512")
         import tokenizers
         from tokenizers import decoders, models, pre_tokenizers
 

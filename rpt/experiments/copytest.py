@@ -29,6 +29,11 @@ loss with them, on repeat-tail chunks) of the same size, a gain over random chun
 (reading the source, not any chunk of the document), and each trained retriever (rpt-lex, rpt-sem) ranks the true
 source chunk first for most repeat-tail chunks (hit@1 > 50%).
 
+With `words` = "text" the corpus writes pseudo-words and a BPE trained on it (`tokenizer`, default bpe:2048) splits
+them into about two tokens each: passages of varying token length, repeats at any offset to the chunk grid and
+chunk boundaries inside words, as in real text. Passage lengths and distances stay in words; the tokens per word
+measured on the corpus size the documents and the far distance.
+
 The far corpus repeats every passage from the first far-enough one on by default (`far_p` = 1; the corpus default is
 0.5): at 0.5 only 15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau
 for 200 updates even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90
@@ -37,6 +42,7 @@ updates (docs/results/copy-test.md).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,6 +56,8 @@ from rpt.utils import write_json_atomic
 # a retrieving variant's own neighbours at evaluation: retro has no retriever and reads BM25's (c_q only)
 OWN_SOURCE = {"retro": "bm25", "rpt-lex": "model", "rpt-sem": "model"}
 PASSAGE = 128  # words (= tokens) per passage: two chunks
+TEXT_TOKENIZER = "bpe:2048"  # words=text: about two tokens per pseudo-word of the default 1,024
+TEXT_VOCAB = 1024  # words=text: enough words that an 8-token run (about 4 words) recurs by chance ~never
 
 
 @dataclass
@@ -84,6 +92,10 @@ class CopyTestSettings:
     max_xl_far: float = 0.2
     passage: int = PASSAGE  # words per passage (the shortest, with passage_max)
     passage_max: int = 0  # > passage: lengths vary in passage..passage_max, repeats at any offset to the chunk grid
+    words: str = "ids"  # ids: one token per word (w<id>) | text: pseudo-words split by a BPE trained on the corpus
+    vocab: int = 0  # words of the corpus (0: the corpus default, 256, or 1,024 with words=text)
+    tokenizer: str = ""  # words=text: the tokenizer trained on the corpus (default bpe:2048)
+    tokens_per_word: float = 1.0  # words=text: measured on the corpus by `text_tokenizer` (ids: exactly 1)
 
     @property
     def longest(self) -> int:
@@ -99,13 +111,41 @@ def far_distance(s: CopyTestSettings) -> tuple[int, int]:
     cfg = RPTConfig.from_preset(s.preset, variant="xl", segment_len=s.segment_len,
                                 **{k: v for k, v in s.model_overrides.items() if k == "n_layers"})
     reach = (cfg.model.n_layers + 1) * s.segment_len
-    lo = (reach + 1) // s.passage + 1  # in passages of the shortest length: every repeat lies beyond the reach
-    passages = s.seq_len // s.longest
+    shortest, longest = passage_tokens(s)
+    lo = (reach + 1) // shortest + 1  # in passages of the shortest length: every repeat lies beyond the reach
+    passages = s.seq_len // longest
     if lo >= passages:
         raise ValueError(f"a {s.seq_len}-token span holds {passages} passages, but far repeats must lie at least {lo} "
                          f"passages back (xl's reach is (n_layers + 1) x segment_len = {reach} tokens): use a longer "
                          f"--seq-len or a shorter --segment-len")
     return lo, min(passages - 1, 2 * lo)
+
+
+def passage_tokens(s: CopyTestSettings) -> tuple[int, int]:
+    """The shortest and the longest passage in tokens: words with words=ids; with words=text the measured tokens per
+    word, less 20% for the shortest (a far repeat stays beyond xl's reach) and plus 10% for the longest (a document
+    stays inside one training span)."""
+    if s.words == "ids":
+        return s.passage, s.longest
+    return max(1, int(s.passage * s.tokens_per_word * 0.8)), math.ceil(s.longest * s.tokens_per_word * 1.1)
+
+
+def text_tokenizer(s: CopyTestSettings) -> tuple[Path, float]:
+    """words=text: the tokenizer both stores share, trained on 200 documents of the corpus's words (saved under
+    OUT/stores, cached by its training text), and the tokens per word it gives them."""
+    from rpt.data.synthetic import CopyCorpus, parse_spec
+    from rpt.data.tokenizer import load_tokenizer
+
+    spec = f"synthetic:copy-far?docs=200&eval_docs=1&passages=16&words=text&vocab={s.vocab or TEXT_VOCAB}"
+    spec += f"&passage={s.passage}" + (f"-{s.passage_max}" if s.passage_max > s.passage else "")
+    texts = [d.text for d in CopyCorpus(parse_spec(spec)).documents("train")]
+    tok = load_tokenizer(s.tokenizer or TEXT_TOKENIZER, texts)
+    per_word = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
+    path = s.out / "stores" / f"tokenizer-{tok.name.replace(':', '').replace('/', '-')}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(path)
+    return path, per_word
 
 
 def _steps(setting: str, s: CopyTestSettings) -> int:
@@ -129,17 +169,23 @@ def _spec(setting: str, s: CopyTestSettings) -> str:
         extra += f"&passage={s.passage}-{s.passage_max}"
     elif s.passage != PASSAGE:
         extra += f"&passage={s.passage}"
-    return f"synthetic:{setting}?docs={_docs(setting, s)}&eval_docs={s.eval_docs}&passages={s.seq_len // s.longest}{extra}"
+    if s.words == "text":
+        extra += f"&words=text&vocab={s.vocab or TEXT_VOCAB}"
+    elif s.vocab:
+        extra += f"&vocab={s.vocab}"
+    passages = s.seq_len // passage_tokens(s)[1]
+    return f"synthetic:{setting}?docs={_docs(setting, s)}&eval_docs={s.eval_docs}&passages={passages}{extra}"
 
 
-def _prepare(setting: str, s: CopyTestSettings, log: list[str]) -> Path:
+def _prepare(setting: str, s: CopyTestSettings, log: list[str], tokenizer: str = "corpus") -> Path:
     from rpt.data.prepare import prepare
 
     spec = _spec(setting, s)
     tags = _size_tag(s) + (_far_tag(s) if setting == "copy-far" else _near_tag(s)) + f"-{_docs(setting, s)}docs"
     root = s.out / "stores" / (setting + tags)  # one store per corpus: its size, tags and document count
-    log.append(f"rpt prepare --corpus '{spec}' --out {root}")
-    prepare(spec, "corpus", root, splits=["train", "test"], progress=s.progress)
+    log.append(f"rpt prepare --corpus '{spec}'" + ("" if tokenizer == "corpus" else f" --tokenizer {tokenizer}")
+               + f" --out {root}")
+    prepare(spec, tokenizer, root, splits=["train", "test"], progress=s.progress)
     return root
 
 
@@ -189,7 +235,7 @@ def _label_sem(root: Path, scorer_run: Path | str, s: CopyTestSettings, log: lis
 def near_segment(s: CopyTestSettings) -> int:
     """The near control's segment: at least a passage, so a repeat one passage back lies inside one layer's window
     (with shorter segments the token at a segment's start sees fewer than 128 tokens back)."""
-    need = max(s.segment_len, s.longest)
+    need = max(s.segment_len, passage_tokens(s)[1])
     return next(n for n in range(64, s.seq_len + 1, 64) if n >= need and s.seq_len % n == 0)  # whole chunks, dividing the span
 
 
@@ -287,7 +333,12 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
         torch.set_num_threads(s.threads)
     t0 = time.perf_counter()
     log: list[str] = []
-    near, far = _prepare("copy-near", s, log), _prepare("copy-far", s, log)
+    tokenizer = "corpus"
+    if s.words == "text":  # one tokenizer for both corpora (rpt-sem's scorer is trained on the near one)
+        path, s.tokens_per_word = text_tokenizer(s)
+        tokenizer = str(path)
+        far_distance(s)  # the span must still hold the far distance in tokens
+    near, far = _prepare("copy-near", s, log, tokenizer), _prepare("copy-far", s, log, tokenizer)
     labels = {v: _label(far, s, log) for v in s.variants if v in ("retro", "rpt-lex")}
     oracle: Path | None = None
     if s.scorer != "near" and s.variants:  # a named scorer labels before any training
@@ -371,6 +422,10 @@ def _size_tag(s: CopyTestSettings) -> str:
     size = "" if (s.seq_len, s.segment_len) == (d.seq_len, d.segment_len) else f"-{s.seq_len}x{s.segment_len}"
     if (s.passage, s.passage_max) != (d.passage, d.passage_max):
         size += f"-passage{s.passage}" + (f"-{s.passage_max}" if s.passage_max > s.passage else "")
+    if s.words == "text":
+        size += f"-text-{(s.tokenizer or TEXT_TOKENIZER).replace(':', '')}"
+    if s.vocab:
+        size += f"-vocab{s.vocab}"
     return size
 
 

@@ -60,6 +60,27 @@ def test_prepare_synthetic_is_deterministic_with_one_token_per_word(tmp_path):
     assert not any(test.document(i).tobytes() in train_docs for i in range(len(test)))
 
 
+def test_text_words_are_pseudo_words_that_a_bpe_splits_and_never_on_the_grid(tmp_path, capsys):
+    s = parse_spec("synthetic:copy-far?docs=4&eval_docs=2&vocab=1024&words=text&passage=20-30&passages=12&distance=4-8")
+    assert s.words == "text" and parse_spec(s.spec) == s and "words=text" in s.spec
+    assert not s.aligned(64) and not parse_spec("synthetic:copy-far?words=text").aligned(64)  # BPE: any length
+    corpus = load_corpus(s.spec)
+    ids = next(corpus.word_ids("train"))
+    words = next(corpus.documents("train")).text.split()
+    assert len(words) == len(ids) and all(w.isalpha() and 3 <= len(w) <= 8 for w in words)
+    assert len({(w, int(i)) for w, i in zip(words, ids, strict=True)}) == len(set(ids.tolist()))  # one word per id
+    with pytest.raises(ValueError, match="bpe"):
+        corpus.tokenizer()  # none of its own: prepare says so in one line, and a BPE prepares it
+    assert main(["prepare", "--corpus", s.spec, "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert "--tokenizer bpe" in capsys.readouterr().err
+    assert main(["prepare", "--corpus", s.spec, "--tokenizer", "bpe:600", "--out", str(tmp_path / "y"),
+                 "--no-progress"]) == 0
+    store = open_store(tmp_path / "y", "train")
+    assert store.doc_lengths().min() > len(words)  # several tokens per pseudo-word
+    with pytest.raises(ValueError, match="words"):
+        parse_spec("synthetic:copy-far?words=bpe")
+
+
 def test_unknown_synthetic_corpus_is_one_clear_line(tmp_path, capsys):
     assert main(["prepare", "--corpus", "synthetic:copy-mid", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
