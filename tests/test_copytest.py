@@ -66,6 +66,7 @@ def test_copytest_cli_rejects_bad_input_in_one_line(tmp_path, capsys):
                        (["--seq-len", "768"], "--seq-len"), (["--min-lr-ratio", "0"], "--min-lr-ratio"),
                        (["--scorer-k", "0"], "--scorer-k"), (["--passage", "160-96"], "--passage"),
                        (["--passage", "a-b"], "--passage"), (["--passage", "0"], "--passage"),
+                       (["--passage", "80"], "--passage"),
                        (["--tokenizer", "bpe:512"], "--tokenizer"), (["--vocab", "1"], "--vocab"),
                        (["--near-lr", "-1"], "--near-lr"), (["--lr", "0"], "--lr"), (["--near-p", "-0.1"], "--near-p"),
                        (["--scorer", str(tmp_path / "no-such-model")], "--scorer")]:
@@ -136,12 +137,12 @@ def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_to
     from rpt.train.data import open_store
 
     s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
-                         variants=("retro",), seq_len=2048, segment_len=64, passage=20, passage_max=30, words="text")
+                         variants=("retro",), seq_len=2048, segment_len=64, passage=48, passage_max=72, words="text")
     path, per_word = text_tokenizer(s)
     assert path.is_file() and 1.5 < per_word < 3.0  # bpe:2048 on 1,024 pseudo-words of 3-8 letters: about two
     s.tokens_per_word = per_word
     shortest, longest = passage_tokens(s)
-    assert shortest <= 20 * per_word <= 30 * per_word <= longest
+    assert shortest <= 48 * per_word <= 72 * per_word <= longest
     summary = run_copytest(s)
     near_store, far_store = (next((tmp_path / "ct" / "stores").glob(f"{k}-*")) for k in ("copy-near", "copy-far"))
     near, far = open_store(near_store, "test"), open_store(far_store, "test")

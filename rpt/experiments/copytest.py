@@ -111,6 +111,11 @@ def far_distance(s: CopyTestSettings) -> tuple[int, int]:
     cfg = RPTConfig.from_preset(s.preset, variant="xl", segment_len=s.segment_len,
                                 **{k: v for k, v in s.model_overrides.items() if k == "n_layers"})
     reach = (cfg.model.n_layers + 1) * s.segment_len
+    M = cfg.model.chunk_size
+    typical = s.passage * s.tokens_per_word
+    if typical < M + M // 2:  # a repeat-tail chunk needs a copied run of its own tokens and half the chunk before
+        raise ValueError(f"--passage {s.passage}: passages of about {typical:.0f} tokens are shorter than a chunk and a "
+                         f"half ({M + M // 2} tokens), so no chunk could be a repeat-tail chunk: use longer passages")
     shortest, longest = passage_tokens(s)
     lo = (reach + 1) // shortest + 1  # in passages of the shortest length: every repeat lies beyond the reach
     passages = s.seq_len // longest
