@@ -210,8 +210,8 @@ class CopyCorpus(Corpus):
     def tokenizer(self):
         """A word-level tokenizer: one token per word (ids 0 ... vocab-1 are w0 ...), then <unk>, <|endoftext|>."""
         if self.params.words == "text":
-            raise ValueError(f"corpus {self.spec!r} (words=text) is meant for a trained tokenizer: pass one, e.g. "
-                             "--tokenizer bpe:512")
+            raise ValueError(f"corpus {self.spec!r} (words=text) has no tokenizer of its own: give it a trained one "
+                             "as the tokenizer, e.g. bpe:512")
         import tokenizers
         from tokenizers import decoders, models, pre_tokenizers
 

@@ -72,7 +72,8 @@ def test_text_words_are_pseudo_words_that_a_bpe_splits_and_never_on_the_grid(tmp
     with pytest.raises(ValueError, match="bpe"):
         corpus.tokenizer()  # none of its own: prepare says so in one line, and a BPE prepares it
     assert main(["prepare", "--corpus", s.spec, "--out", str(tmp_path / "x"), "--no-progress"]) == 2
-    assert "--tokenizer bpe" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tokenizer" in err and "bpe:512" in err and len(err.strip().splitlines()) == 1
     assert main(["prepare", "--corpus", s.spec, "--tokenizer", "bpe:600", "--out", str(tmp_path / "y"),
                  "--no-progress"]) == 0
     store = open_store(tmp_path / "y", "train")
