@@ -157,6 +157,14 @@ def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_to
     assert 0 <= retro["eval"]["bm25"]["hit@1"] <= 1  # scored as the unaligned corpus: runs of copied tokens
 
 
+def test_a_tokenizer_file_names_the_text_runs_without_folders():
+    from rpt.experiments.copytest import _size_tag
+
+    tag = _size_tag(CopyTestSettings(words="text", tokenizer="/data/tok/my tokenizer.json"))
+    assert "/" not in tag and " " not in tag and tag.endswith("-text-data-tok-my-tokenizer.json")
+    assert _size_tag(CopyTestSettings(words="text")) == "-text-bpe2048"  # the runs measured so far keep their names
+
+
 def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
     from rpt.experiments.copytest import _holds
 

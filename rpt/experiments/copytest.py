@@ -43,6 +43,7 @@ updates (docs/results/copy-test.md).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -146,11 +147,16 @@ def text_tokenizer(s: CopyTestSettings) -> tuple[Path, float]:
     texts = [d.text for d in CopyCorpus(parse_spec(spec)).documents("train")]
     tok = load_tokenizer(s.tokenizer or TEXT_TOKENIZER, texts)
     per_word = sum(len(tok.encode(t)) for t in texts) / sum(len(t.split()) for t in texts)
-    path = s.out / "stores" / f"tokenizer-{tok.name.replace(':', '').replace('/', '-')}.json"
+    path = s.out / "stores" / f"tokenizer-{_slug(tok.name)}.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tok.save(path)
     return path, per_word
+
+
+def _slug(spec: str) -> str:
+    """A tokenizer spec or name as part of a file name: bpe:2048 -> bpe2048, a path's folders joined by '-'."""
+    return re.sub(r"[^\w.=-]+", "-", spec.replace(":", "")).strip("-")
 
 
 def _steps(setting: str, s: CopyTestSettings) -> int:
@@ -428,7 +434,7 @@ def _size_tag(s: CopyTestSettings) -> str:
     if (s.passage, s.passage_max) != (d.passage, d.passage_max):
         size += f"-passage{s.passage}" + (f"-{s.passage_max}" if s.passage_max > s.passage else "")
     if s.words == "text":
-        size += f"-text-{(s.tokenizer or TEXT_TOKENIZER).replace(':', '')}"
+        size += f"-text-{_slug(s.tokenizer or TEXT_TOKENIZER)}"
     if s.vocab:
         size += f"-vocab{s.vocab}"
     return size
