@@ -90,6 +90,20 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+
+def _orthogonal(d: int, generator: torch.Generator) -> torch.Tensor:
+    """A d x d orthogonal matrix: the Q of a Gaussian draw's QR, computed on one thread. LAPACK's QR splits its work
+    by the thread count and its last bits follow the split, so the same seed would start models at 1 and at 2 threads
+    from different weights (and every later update with them); on one thread it is the same draw everywhere."""
+    x = torch.randn(d, d, generator=generator)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        q, _ = torch.linalg.qr(x)
+    finally:
+        torch.set_num_threads(threads)
+    return q
+
 class RPT(TiedLM, nn.Module):
     def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
         """seed: the initialisation seed (`init_weights`: every variant built with one seed shares its trunk's starting
@@ -149,7 +163,7 @@ class RPT(TiedLM, nn.Module):
                     a.q.weight.copy_(w)
                     a.kv.weight[:D].copy_(w)
                 if cfg.cca_ov_init == "identity":
-                    q, _ = torch.linalg.qr(torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.ov_identity")))
+                    q = _orthogonal(D, keyed_generator(seed, f"layers.{i}.cca.ov_identity"))
                     a.kv.weight[D:].copy_(q)
                     a.out.weight.copy_(q.t() * cfg.cca_ov_scale)
 

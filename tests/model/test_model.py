@@ -425,6 +425,25 @@ def test_cca_identity_ov_init_passes_a_read_state_through():
     assert changed == {f"layers.{i}.cca.attn.{w}.weight" for i in base.cfg.cca_layers for w in ("out", "kv")}
 
 
+def test_initial_weights_do_not_depend_on_the_thread_count():
+    """The copy prior's orthogonal draw (a QR) is computed on one thread: LAPACK's QR rounds differently at 1 and 2
+    threads, which started the retrieving variants from different weights for the same seed."""
+    cfg = RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=V).model
+    assert cfg.cca_ov_init == "identity"
+    threads = torch.get_num_threads()
+    try:
+        built = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            built.append(RPT(cfg, seed=5).state_dict())
+            assert torch.get_num_threads() == n  # the draw leaves the caller's thread count as it was
+    finally:
+        torch.set_num_threads(threads)
+    assert built[0].keys() == built[1].keys()
+    for name in built[0]:
+        assert torch.equal(built[0][name], built[1][name]), name
+
+
 @pytest.mark.parametrize("variant", ["retro", "rpt-sem"])
 @pytest.mark.parametrize("gate", ["paper", "bias"])
 def test_cca_direct_attention_is_sdpa_s_function_with_the_same_gradients(variant, gate, monkeypatch):
