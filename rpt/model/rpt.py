@@ -90,7 +90,6 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-
 def _orthogonal(d: int, generator: torch.Generator) -> torch.Tensor:
     """A d x d orthogonal matrix: the Q of a Gaussian draw's QR, computed on one thread. LAPACK's QR splits its work
     by the thread count and its last bits follow the split, so the same seed would start models at 1 and at 2 threads
@@ -103,6 +102,7 @@ def _orthogonal(d: int, generator: torch.Generator) -> torch.Tensor:
     finally:
         torch.set_num_threads(threads)
     return q
+
 
 class RPT(TiedLM, nn.Module):
     def __init__(self, cfg: ModelConfig | RPTConfig, seed: int | None = None) -> None:
