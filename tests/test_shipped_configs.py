@@ -51,8 +51,10 @@ def test_paper_configs_hold_appendix_a(domain, tau):
     t = cfg.train
     assert (cfg.model.variant, cfg.model.d_model, cfg.model.n_layers, cfg.model.cca_qk_init) == ("rpt-sem", 1024, 12,
                                                                                                   "random")
-    assert t.tau_max == tau and t.alpha_ret == 1e-9 and t.lr == 5e-3 and t.optimizer == "adabelief"
-    assert t.steps == 500_000 and t.alpha_ramp_steps == 100_000 and t.weight_decay == 1e-8 and t.min_lr_ratio == 0.1
+    assert t.tau_max == tau and t.lr == 5e-3 and t.optimizer == "adabelief" and t.grad_clip == 1.0
+    assert t.steps == 500_000 and t.weight_decay == 1e-8 and t.min_lr_ratio == 0.1 and t.ss_fraction == 0.9
+    # the authors' code's retrieval-loss weight, not the printed 1e-9 (tests/train/test_shipped_training_settings.py)
+    assert (t.alpha_ret, t.alpha_ramp_steps, t.betas, t.warmup_steps) == (0.1, 12_500, [0.9, 0.99], 2000)
     assert cfg.data.seq_len * t.batch_size * t.grad_accum == 2**17  # the paper's tokens per update on one device
     assert cfg.model.dropout == 0.05
 
