@@ -105,6 +105,11 @@ class ModelConfig:
     griffin_pattern: str = "RRA"  # griffin: block types repeated over the layers: R recurrent (RG-LRU), A local attention
     griffin_rnn_width: int = 0  # griffin: the RG-LRU width (0: 4/3 d_model, as De et al.)
     griffin_conv: int = 4  # griffin: width of the temporal convolution before the RG-LRU
+    # --- retrofitting a pretrained LM (docs/retrofit.md) ---------------------------------------------------------
+    # a Hugging Face causal-LM folder or .gguf file (Llama family) whose embeddings, layers and output head are the
+    # trunk, frozen; its shape sets d_model, n_layers, n_heads, vocab_size. Empty: RPT from scratch
+    backbone: str = ""
+    backbone_lower: int = 0  # with a backbone: how many of its first layers form the lower decoder (0: half)
 
     @property
     def head_dim(self) -> int:
@@ -139,7 +144,7 @@ class ModelConfig:
 
     @property
     def n_lower(self) -> int:
-        return self.n_layers // 2
+        return self.backbone_lower if self.backbone and self.backbone_lower else self.n_layers // 2
 
     @property
     def uses_retrieval(self) -> bool:
@@ -173,6 +178,8 @@ class ModelConfig:
         for key in ("memory_topk", "memory_tokens", "recurrent_state", "griffin_conv"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key} must be >= 1, not {getattr(self, key)}")
+        if not 0 <= self.backbone_lower < self.n_layers:
+            raise ConfigError(f"model.backbone_lower={self.backbone_lower} is not in [0, {self.n_layers}) (0: half)")
         if self.griffin_rnn_width < 0:
             raise ConfigError(f"model.griffin_rnn_width must be >= 0 (0: 4/3 d_model), not {self.griffin_rnn_width}")
         if not self.griffin_pattern or set(self.griffin_pattern) - {"R", "A"}:
@@ -420,7 +427,7 @@ _READ_ONLY_BY = {
 # in these are the same setting (`rpt sweep` resumes across them, `rpt compare` pools them)
 BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard", "train.wandb",
                "train.wandb_project", "train.activation_checkpointing")
-PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from")
+PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from", "model.backbone")
 
 
 def resolve_paths(flat: dict[str, Any]) -> dict[str, Any]:

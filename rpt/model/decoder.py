@@ -119,8 +119,12 @@ class TiedLM:
     def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(torch.arange(start, start + n, device=device), self.cfg.head_dim, self.cfg.rope_base)
 
+    def _output_weight(self) -> torch.Tensor:
+        """The output embedding [V, D]: the input embedding (tied)."""
+        return self.embed.weight
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+        return F.linear(self.norm(x), self._output_weight())
 
     def _embed_segments(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """input_ids [B, T] -> (embeddings [B, Tp, D], rotary angles of positions 0..Tp-1), right-padded to whole
@@ -140,7 +144,7 @@ class TiedLM:
         if labels is not None:
             targets, loss_mask = label_targets(labels, input_ids, loss_mask)
         if loss_chunk > 0:
-            return None, lm_loss_chunked(self.norm(x[:, :T]), self.embed.weight, targets, loss_mask, loss_chunk)
+            return None, lm_loss_chunked(self.norm(x[:, :T]), self._output_weight(), targets, loss_mask, loss_chunk)
         logits = self._logits(x)[:, :T]
         return logits, (lm_loss(logits, targets, loss_mask) if labels is not None else None)
 

@@ -75,5 +75,10 @@ def model_class(variant: str) -> type[nn.Module]:
 
 
 def build_model(cfg: ModelConfig, seed: int | None = None) -> nn.Module:
-    """The model of `cfg.variant`, initialised from `seed` (None: drawn from torch's global generator)."""
+    """The model of `cfg.variant`, initialised from `seed` (None: drawn from torch's global generator); with
+    cfg.backbone, that pretrained LM retrofitted (`rpt.model.retrofit.RetrofitRPT`)."""
+    if cfg.backbone:
+        from rpt.model.retrofit import RetrofitRPT
+
+        return RetrofitRPT(cfg, seed=seed)
     return model_class(cfg.variant)(cfg, seed=seed)
