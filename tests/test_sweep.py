@@ -87,8 +87,8 @@ def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store
     assert sweep(out, store, "--test-labels", str(test_labels), train=["--lr", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "xl-seed0/config.yaml: this run was trained with other settings (train.lr" in err
-    assert sweep(out, store) == 2  # without test labels, the model results made with --metrics no longer match
-    assert "rpt-lex-seed0-3-model.json: made with other settings" in capsys.readouterr().err
+    assert sweep(out, store) == 2  # without test labels, the results made with them (retro's own first) no longer match
+    assert "retro-seed0-3-bm25.json: made with other settings" in capsys.readouterr().err
 
 
 def test_a_killed_training_run_resumes_inside_the_sweep(store, tmp_path):

@@ -79,6 +79,9 @@ def format_summary(result: dict[str, Any]) -> str:
         f"  {'tokens':<22}{t['n_tokens']:>12,}",
         f"  {'NLL / token (nats)':<22}{'-' if t['nll_mean'] is None else format(t['nll_mean'], '.4f'):>12}",
         f"  {'perplexity':<22}{ppl:>12}",
+        *([f"  {'  on scored gold':<22}{t['scored']['perplexity']:>12.4f}  ({100 * t['scored']['token_share']:.1f}% of "
+           f"tokens: the target chunks of query chunks whose gold was scored, {ev.get('gold')})"]
+          if (t.get("scored") or {}).get("perplexity") is not None else []),
         f"  {'time':<22}{t['seconds']:>11.1f}s  ({tps} tokens/s)",
         f"  {'peak memory':<22}{t['peak_memory_bytes'] / 2**20:>10.2f}MB  (document memory)",
     ]

@@ -48,6 +48,8 @@ from rpt.utils import UserError, argument_error, write_json_atomic
 
 RESULT_VERSION = 1
 SOURCES = ("model", "bm25", "oracle", "dpr", "random", "none")
+SCORED = ("the target chunks c_{i+1} of the query chunks i whose gold was scored (every query chunk with a pool under "
+          "exhaustive gold; a sample of them under --query-fraction): where the oracle's neighbours are the scorer's best")
 METRIC_DEPTH = 20  # rankings are taken to depth 20 for the retrieval metrics (nDCG@20)
 RANDOM_SEED = 7919  # the draw of source "random": fixed per document, so every checkpoint reads the same chunks
 
@@ -85,6 +87,22 @@ def oracle_neighbors(candidates: np.ndarray, target: np.ndarray, k: int) -> np.n
     if ids.shape[1] < k:
         ids = np.pad(ids, ((0, 0), (0, k - ids.shape[1])), constant_values=-1)
     return ids
+
+
+def scored_queries(target: np.ndarray) -> np.ndarray:
+    """Bool [C]: query chunks whose gold was scored (a finite s_t in their label row). Under a sampled gold (`rpt label
+    --query-fraction`) the others have no gold, so the oracle gives them no neighbours."""
+    t = np.asarray(target, dtype=np.float64)
+    return np.isfinite(t).any(axis=1) if t.ndim == 2 and t.shape[1] else np.zeros(len(t), dtype=bool)
+
+
+def scored_sums(chunk_nll: np.ndarray, chunk_tokens: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    """{"nll_sum", "n_targets"} over the target chunks c_{i+1} of the query chunks i whose gold was scored
+    (`scored_queries`): the tokens on which the oracle's neighbours are the scorer's best, so the oracle is a ceiling
+    only there. chunk_nll / chunk_tokens [C_all] as in DocumentEval; target [C, k] the document's label rows."""
+    idx = np.nonzero(scored_queries(target))[0] + 1
+    idx = idx[idx < len(chunk_nll)]
+    return {"nll_sum": float(np.asarray(chunk_nll)[idx].sum()), "n_targets": float(np.asarray(chunk_tokens)[idx].sum())}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -264,6 +282,11 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
                                "nll_sum": ev.nll_sum, "n_targets": ev.n_targets,
                                "perplexity": math.exp(ev.nll_sum / ev.n_targets) if ev.n_targets else None,
                                "memory_bytes": ev.memory_bytes, "kv_cache_bytes": ev.kv_cache_bytes, "seconds": ev.seconds}
+        if rows is not None:  # the tokens whose neighbours come from a query chunk with scored gold
+            part = scored_sums(ev.chunk_nll, ev.chunk_tokens, rows.target)
+            rec["scored"] = part
+            for key, v in part.items():
+                sums[f"scored.{key}"] = sums.get(f"scored.{key}", 0.0) + v
         if with_metrics:
             pool = pool_size(np.arange(n_chunks), M, S)
             stats = metrics.query_stats(rows.candidates, rows.target, pool)
@@ -328,6 +351,11 @@ def summarize(sums: dict[str, float], documents: list[dict[str, Any]], seconds: 
              "perplexity": math.exp(sums["nll_sum"] / n) if n else None, "seconds": seconds,
              "tokens_per_second": sum(r["n_tokens"] for r in documents) / seconds if seconds > 0 else None,
              "peak_memory_bytes": max((r["memory_bytes"] for r in documents), default=0)}
+    if "scored.n_targets" in sums:  # evaluated with labels: the same figure over the tokens whose gold was scored
+        ns = sums["scored.n_targets"]
+        total["scored"] = {"nll_sum": sums["scored.nll_sum"], "n_targets": int(ns),
+                           "perplexity": math.exp(sums["scored.nll_sum"] / ns) if ns else None,
+                           "token_share": ns / n if n else None, "definition": SCORED}
     out: dict[str, Any] = {"total": total}
 
     def group(prefix: str) -> dict[str, dict[str, float]]:
@@ -415,11 +443,12 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
-                  "retriever", "memory_tokens"},
+                  "retriever", "memory_tokens", ["gold", "query_fraction"] (with labels)},
          "total": {"n_documents", "n_tokens", "nll_sum", "n_targets", "nll_mean", "perplexity", "seconds",
-                   "tokens_per_second", "peak_memory_bytes"},
+                   "tokens_per_second", "peak_memory_bytes",
+                   ["scored": {"nll_sum", "n_targets", "perplexity", "token_share", "definition"}]  (with labels)},
          "documents": [{"index", "id", "n_tokens", "n_chunks", "nll_sum", "n_targets", "perplexity", "memory_bytes",
-                        "kv_cache_bytes", "seconds",
+                        "kv_cache_bytes", "seconds", ["scored": {"nll_sum", "n_targets"}],
                         ["chunks": {"nll": [C_all], "tokens": [C_all], "neighbors": [[K] x C] | null}]}],
          ["retrieval": {"model": {"precision@2", "recall@10", "ndcg@20", "n_queries"}, "bm25": {...}, "gain": str}],
          ["overlap": {"model": {"query", "target", "n"}, "bm25": {...}, "definition": str}],
@@ -511,6 +540,9 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
                      "memory_tokens": memory_tokens},
         }
         result.update(summarize(sums, documents, seconds))
+        if label_store is not None:  # what the labels' gold holds, for the oracle and the scored-chunk figures
+            result["eval"]["gold"] = gold_name(label_store.manifest)
+            result["eval"]["query_fraction"] = float(label_store.manifest.get("query_fraction", 1.0))
         if "retrieval" in result:
             result["retrieval"]["gold"] = gold_name(label_store.manifest)
         result["documents"] = documents

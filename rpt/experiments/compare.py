@@ -148,6 +148,9 @@ class Setting:
     docs: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
     # ranking -> seed -> {document index: (P@2 sum over its query chunks, query chunks)}, for the metric intervals
     doc_metrics: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
+    # source -> seed -> (ppl, token share) over the tokens whose gold was scored, from results evaluated with labels
+    scored: dict[str, dict[int, tuple[float, float]]] = field(default_factory=lambda: defaultdict(dict))
+    sampled_gold: set[float] = field(default_factory=set)  # query fractions < 1 of the oracle's labels
     label: str = ""
 
 
@@ -172,6 +175,10 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
             raise UserError(f"{r['_path']}: a second, different result for {s.variant} seed {seed} source {source} at "
                             f"step {s.step} (remove one)")
         s.ppl[source][seed] = r["total"]["perplexity"]
+        if (sc := r["total"].get("scored")) and sc.get("perplexity") is not None:
+            s.scored[source][seed] = (float(sc["perplexity"]), float(sc["token_share"]))
+        if source == "oracle" and float(r["eval"].get("query_fraction") or 1.0) < 1:
+            s.sampled_gold.add(float(r["eval"]["query_fraction"]))
         per_doc = {int(d["index"]): (float(d["nll_sum"]), int(d["n_targets"])) for d in r.get("documents", [])
                    if d.get("n_targets")}
         if per_doc:
@@ -385,9 +392,18 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             row["none"] = _stats(list(s.ppl.get("none", {}).values()))
             row["gain"] = _stats(_ratios(s.ppl.get("none", {}), own))
             row["gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get(src, {}))
-        if "oracle" in s.ppl:
+        if "oracle" in s.ppl and not s.sampled_gold:
             row["oracle"] = _stats(list(s.ppl["oracle"].values()))
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
+        elif "oracle" in s.ppl:  # a sampled gold: the oracle is a ceiling only on the tokens whose gold was scored
+            oracle = {x: v[0] for x, v in s.scored.get("oracle", {}).items()}
+            none = {x: v[0] for x, v in s.scored.get("none", {}).items()}
+            own_scored = {x: v[0] for x, v in s.scored.get(src, {}).items()}
+            row["oracle"] = _stats(list(oracle.values()))
+            row["oracle_gain"] = _stats(_ratios(none, oracle))
+            row["oracle_scope"] = {"query_fraction": sorted(s.sampled_gold),
+                                   "token_share": _stats([v[1] for v in s.scored.get("oracle", {}).values()]),
+                                   "own": _stats(list(own_scored.values())), "none": _stats(list(none.values()))}
         if "dpr" in s.ppl:
             row["dpr"] = _stats(list(s.ppl["dpr"].values()))
         if "random" in s.ppl:  # the control: random retrievable chunks of the same document
@@ -494,7 +510,8 @@ def to_markdown(table: dict[str, Any]) -> str:
         n = len(r["seeds"])
         cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n) + _ci(r.get("vs_xl_ci")),
                  _fmt(r.get("none"), n_row=n), _fmt(r.get("gain"), 3, n_row=n) + _ci(r.get("gain_ci")),
-                 _fmt(r.get("oracle"), n_row=n), _fmt(r.get("oracle_gain"), 3, n_row=n)]
+                 _fmt(r.get("oracle"), n_row=n) + ("¹" if r.get("oracle_scope") else ""),
+                 _fmt(r.get("oracle_gain"), 3, n_row=n)]
         cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n),
                   _fmt(r.get("own_vs_random"), 3, n_row=n) + _ci(r.get("own_vs_random_ci"))] if rand else []
         cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n)] if bm25 else []
@@ -503,6 +520,15 @@ def to_markdown(table: dict[str, Any]) -> str:
             p = r.get("paper") or {}
             cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))] + ([str(p.get("dpr", ""))] if dpr else [])
         lines.append("| " + " | ".join(cells) + " |")
+    if scoped := [r for r in table["rows"] if r.get("oracle_scope")]:
+        lines += ["", "¹ The oracle's labels score a sample of query chunks (--query-fraction), and it gives the others no "
+                  "neighbours: its ppl and gain are over the target chunks of scored query chunks only."]
+        for r in scoped:
+            sc = r["oracle_scope"]
+            share = sc["token_share"]  # the same documents for every seed: one share
+            lines.append(f"- {r['label']}: {_fmt(share and (share[0], 0.0, 1), pct=True)} of tokens; own neighbours "
+                         f"{_fmt(sc['own']) or '(not evaluated with the labels)'}, no neighbours "
+                         f"{_fmt(sc['none']) or '(not evaluated with the labels)'} on the same tokens")
     with_metrics = [r for r in table["rows"] if any(f"metrics_{w}" in r for w in RANKINGS)]
     if with_metrics:
         golds = sorted({g for r in with_metrics for g in r.get("gold", [])})

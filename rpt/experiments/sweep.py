@@ -7,6 +7,8 @@ For every seed, and every variant of that seed (so that a sweep stopped early ha
                    variants without neighbours        none
                    retro (BM25's neighbours)          bm25, none, random         (+ oracle with test labels)
                    rpt-lex / rpt-sem (own retriever)  model, none, random, bm25  (+ oracle, and --metrics, with test labels)
+               (with test labels, the own source, none and the oracle read them: each result then also holds its
+               perplexity over the tokens whose gold was scored, where a sampled gold's oracle is a ceiling)
                into OUT/eval/V-seedS-STEP-SOURCE.json
 
 then the `rpt compare` table of exactly these results (OUT/compare.md, OUT/compare.json): mean ± sd over seeds, the
@@ -247,7 +249,10 @@ def plan(s: SweepSettings) -> Plan:
             jobs.append(Job(f"train {v} seed {seed}", argv, ckpt / "state.json"))
             for src in eval_sources(v, test_labels is not None):
                 res = s.out / "eval" / f"{v}-seed{seed}-{step}-{src}.json"
-                with_labels = src == "oracle" or (src == "model" and test_labels is not None)
+                # the oracle, the own source and no neighbours read the test labels: under a sampled gold the
+                # oracle is compared with the other two on the tokens whose gold was scored (`rpt compare`)
+                own = eval_sources(v, False)[0]
+                with_labels = test_labels is not None and own != "none" and src in ("oracle", "none", own)
                 _check_result(res, ckpt, step, src, s, test_labels if with_labels else None,
                               metrics=src == "model" and test_labels is not None)
                 argv = ["eval", "--checkpoint", str(ckpt), "--store", store, "--split", "test", "--source", src,

@@ -40,6 +40,7 @@ def test_end_to_end_with_metrics_plots_and_baseline(setup, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "rpt-sem  source model  K 3  memory faiss" in printed and "perplexity" in printed
     assert "precision@2" in printed and "bm25" in printed and "gold" in printed
+    assert "on scored gold" in printed  # with labels: the perplexity where the gold was scored, too
     r = json.loads(out.read_text())
     assert r["format_version"] == 1 and r["step"] == 7 and r["config"]["model"]["variant"] == "rpt-sem"
     assert r["eval"]["source"] == "model" and r["eval"]["n_neighbors"] == 3 and r["eval"]["tokenizer_checked"]
@@ -48,6 +49,7 @@ def test_end_to_end_with_metrics_plots_and_baseline(setup, tmp_path, capsys):
     assert t["n_targets"] == sum(n - 1 for n in LENGTHS) == sum(d["n_targets"] for d in docs)
     assert t["perplexity"] == pytest.approx(math.exp(sum(d["nll_sum"] for d in docs) / t["n_targets"]))
     assert t["peak_memory_bytes"] == max(d["memory_bytes"] for d in docs) > 0
+    assert 0 < t["scored"]["n_targets"] == sum(d["scored"]["n_targets"] for d in docs) < t["n_targets"]
     assert all(len(d["chunks"]["neighbors"][0]) == 3 for d in docs)  # --baseline turned per-chunk data on
     for name in ("model", "bm25"):
         m = r["retrieval"][name]
