@@ -15,6 +15,7 @@ P prefix (cached) tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,13 @@ from torch import nn
 from rpt.model.layers import KVCache, apply_rotary, segment_window_mask
 
 SUPPORTED = ("llama", "mistral", "qwen2", "smollm3", "granite")  # model_type values with Llama's layer function
+
+
+@dataclass
+class SinkCache(KVCache):
+    """A `KVCache` that also counts the tokens it has seen (the position of the sink before each window)."""
+
+    pos: int = 0
 
 
 def load_backbone(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -132,30 +140,61 @@ class BackboneAttention:
         return self.attn.o_proj(y.transpose(1, 2).reshape(B, T, self.H * self.E))
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_len: int,
-                cache: KVCache | None = None) -> torch.Tensor:
+                 cache: KVCache | None = None, sink: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 rope: nn.Module | None = None) -> torch.Tensor:
         """h [B, T, D] (normed). Without cache: T a multiple of S, segment s attends to segments s-1 and s (causally
-        in its own). With cache: T new tokens inside one segment, continuing it (the cache is updated)."""
+        in its own). With cache: T new tokens inside one segment, continuing it (the cache is updated; a `SinkCache`
+        when `sink` is given).
+
+        sink: the attention sink, (k, v) [H, E] of the beginning-of-sequence token at this layer (pre-rotary): every
+        window also sees it, one position before the window's first token, as the backbone saw BOS before every text
+        it was trained on (Xiao et al. 2024: attention without its sink collapses once the first tokens leave the
+        window). rope: the backbone's rotary embedding, for the sink's positions."""
         q, k, v = self.qkv(h, cos, sin)
+        B, H, T, E = q.shape
         if cache is not None:
             ck, cv = cache.context()
             L = 0 if ck is None else ck.shape[2]
             keys = k if ck is None else torch.cat([ck, k], 2)
             values = v if cv is None else torch.cat([cv, v], 2)
-            n = q.shape[2]
-            mask = torch.arange(L + n, device=h.device)[None, :] <= torch.arange(n, device=h.device)[:, None] + L
+            mask = torch.arange(L + T, device=h.device)[None, :] <= torch.arange(T, device=h.device)[:, None] + L
+            if sink is not None:
+                assert rope is not None and isinstance(cache, SinkCache)
+                sk, sv = self._sink(sink, rope, torch.tensor([cache.pos - L - 1], device=h.device))  # [1, H, 1, E]
+                keys, values = torch.cat([sk.expand(B, -1, -1, -1), keys], 2), torch.cat([sv.expand(B, -1, -1, -1), values], 2)
+                mask = F.pad(mask, (1, 0), value=True)
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
             cache.append(k, v, segment_len)
+            if isinstance(cache, SinkCache):
+                cache.pos += T
             return self.out(y)
-        B, H, T, E = q.shape
         S = segment_len
         nS = T // S
         q, k, v = (t.view(B, H, nS, S, E).transpose(1, 2) for t in (q, k, v))  # [B, nS, H, S, E]
         k = torch.cat([F.pad(k, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1], k], dim=3)  # [B, nS, H, 2S, E]
         v = torch.cat([F.pad(v, (0, 0, 0, 0, 0, 0, 1, 0))[:, :-1], v], dim=3)
-        mask = segment_window_mask(nS, S, h.device)[:, None].repeat(B, 1, 1, 1)  # [B*nS, 1, S, 2S]
-        y = F.scaled_dot_product_attention(q.reshape(B * nS, H, S, E), k.reshape(B * nS, H, 2 * S, E),
-                                           v.reshape(B * nS, H, 2 * S, E), attn_mask=mask, scale=self.scale)
+        mask = segment_window_mask(nS, S, h.device)  # [nS, S, 2S]
+        if sink is not None:
+            assert rope is not None
+            first = ((torch.arange(nS, device=h.device) - 1).clamp(min=0)) * S  # each window's first position
+            sk, sv = self._sink(sink, rope, first - 1)  # [nS, H, 1, E]
+            k = torch.cat([sk[None].expand(B, -1, -1, -1, -1), k], 3)  # [B, nS, H, 1 + 2S, E]
+            v = torch.cat([sv[None].expand(B, -1, -1, -1, -1), v], 3)
+            mask = F.pad(mask, (1, 0), value=True)
+        W = k.shape[3]
+        mask = mask[:, None].repeat(B, 1, 1, 1)  # [B*nS, 1, S, W]
+        y = F.scaled_dot_product_attention(q.reshape(B * nS, H, S, E), k.reshape(B * nS, H, W, E),
+                                           v.reshape(B * nS, H, W, E), attn_mask=mask, scale=self.scale)
         return self.out(y.view(B, nS, H, S, E).permute(0, 2, 1, 3, 4).reshape(B, H, T, E))
+
+    def _sink(self, sink: tuple[torch.Tensor, torch.Tensor], rope: nn.Module,
+              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sink's key (rotated to each of `positions` [N]) and value: [N, H, 1, E] each."""
+        k, v = sink  # [H, E]
+        pos = positions[None].to(torch.long)
+        cos, sin = rope(torch.empty(0, device=k.device, dtype=torch.float32), pos)  # [1, N, E]
+        kr = apply_rotary(k[None].expand(len(positions), -1, -1), cos[0][:, None].float(), sin[0][:, None].float())
+        return kr[:, :, None], v[None, :, None].expand(len(positions), -1, -1, -1)
 
     def with_prefix(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor],
                     keep: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

@@ -28,7 +28,7 @@ from torch import nn
 
 from rpt.chunks import chunks_per_segment
 from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
-from rpt.model.backbone import BackboneAttention, check_supported, describe, load_backbone, rotary
+from rpt.model.backbone import BackboneAttention, SinkCache, check_supported, describe, load_backbone, rotary
 from rpt.model.cca import ChunkedCrossAttention, NeighborKV
 from rpt.model.decoder import draw_seed
 from rpt.model.layers import KVCache, RMSNorm, init_weights, set_attention_dropout
@@ -51,12 +51,18 @@ class RetrofitLayer(nn.Module):
                                           cfg.cca_shift_values, cfg.cca_rel_bias_init, cfg.cca_rel_bias_scale)
                     if with_cca else None)
         self.segment_len = cfg.segment_len
+        self.rope: nn.Module | None = None  # the backbone's rotary embedding (set by RetrofitRPT with the sink)
+        # the attention sink of this layer: key (pre-rotary) and value [H, E] of BOS (`BackboneAttention`); derived
+        # from the frozen backbone, so not saved
+        self.register_buffer("sink_k", None, persistent=False)
+        self.register_buffer("sink_v", None, persistent=False)
 
     def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighborKV | None = None,
                 start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         """x [B, T, D] (tokens start .. start + T - 1) -> [B, T, D]."""
         layer = self.layer
-        x = x + self.attn(layer.input_layernorm(x), *rot, self.segment_len, cache)
+        sink = None if self.sink_k is None else (self.sink_k, self.sink_v)
+        x = x + self.attn(layer.input_layernorm(x), *rot, self.segment_len, cache, sink, self.rope)
         if self.cca is not None and nkv is not None:
             x = x + self.cca(self.cca_norm(x), nkv, start)
         return x + layer.mlp(layer.post_attention_layernorm(x))
@@ -108,6 +114,9 @@ class RetrofitRPT(RPT):
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
         self._backbone_ids = {id(t) for t in (*hf.parameters(), *hf.buffers())}
+        bos = getattr(hf.config, "bos_token_id", None)
+        if bos is not None:
+            self._attention_sinks(int(bos))
         new = self._new_modules()
         init_weights(new, cfg.init_std, cfg.n_layers, seed)
         set_attention_dropout(new, cfg.attn_dropout)
@@ -117,6 +126,30 @@ class RetrofitRPT(RPT):
             for layer in self.layers:
                 if layer.cca is not None:
                     layer.cca.attn.out.weight.zero_()
+
+    @torch.no_grad()
+    def _attention_sinks(self, bos: int) -> None:
+        """Each layer's key and value of the BOS token at the start of a text (it attends to itself alone), for the
+        sink every window sees (`BackboneAttention`)."""
+        x = self.embed(torch.tensor([[bos]], device=self.embed.weight.device))  # [1, 1, D]
+        rot = self._rot(0, 1, x.device)
+        for layer in self.layers:
+            a, lay = layer.attn, layer.layer
+            h = lay.input_layernorm(x)
+            rep = a.H // a.G
+            k = a.attn.k_proj(h).view(a.G, a.E).repeat_interleave(rep, 0)  # [H, E] before rotary
+            v = a.attn.v_proj(h).view(a.G, a.E).repeat_interleave(rep, 0)
+            layer.sink_k, layer.sink_v = k, v
+            object.__setattr__(layer, "rope", self.rotary_emb)  # a reference, not a submodule (registered once above)
+            _, _, vv = a.qkv(h, *rot)
+            x = x + a.out(vv)  # one key: the attention output is its value
+            x = x + lay.mlp(lay.post_attention_layernorm(x))
+
+    def new_cache(self, memory: Any = None) -> Any:
+        """RPT's cache, with layer caches that count positions (the sink's)."""
+        cache = super().new_cache(memory)
+        cache.layers = [SinkCache() for _ in self.layers]
+        return cache
 
     def _new_modules(self) -> nn.Module:
         """A container of the parts the retrofit adds (each under a distinct name, so `init_weights` draws each from

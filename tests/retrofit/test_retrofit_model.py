@@ -17,6 +17,11 @@ def build(variant: str = "rpt-sem", tied: bool = True, seed: int = 0, **model):
     return RetrofitRPT(retrofit_config(variant, **model), seed=seed, backbone=hf).eval(), hf
 
 
+def bos(x: torch.Tensor, first: int = 1) -> torch.Tensor:
+    """x with the BOS token (id 1 in tiny_llama; `first` for labels) put before each row."""
+    return torch.cat([torch.full_like(x[:, :1], first), x], 1)
+
+
 def valid_ids(C: int, K: int = 2) -> torch.Tensor:
     """Neighbour ids [1, C, K] that obey the retrievable rule (chunk 0 and 1 for every chunk of segment >= 2)."""
     ids = torch.full((1, C, K), -1)
@@ -27,14 +32,17 @@ def valid_ids(C: int, K: int = 2) -> torch.Tensor:
 @pytest.mark.parametrize("variant", ["rpt-sem", "retro", "xl"])
 @pytest.mark.parametrize("tied", [True, False])
 def test_logits_equal_the_backbone_at_initialisation(variant, tied):
-    """T = 2S: every token's window holds all earlier tokens, so the retrofitted model is its backbone exactly."""
+    """T = 2S: every token's window holds all earlier tokens and the BOS sink before them, so the retrofitted model
+    is its backbone reading BOS + the tokens, exactly."""
     model, hf = build(variant, tied)
-    x = torch.randint(0, 256, (2, 2 * S))
+    x = torch.randint(3, 256, (2, 2 * S))
     kwargs = {"neighbor_ids": valid_ids(4).expand(2, -1, -1)} if variant == "retro" else {}
     with torch.no_grad():
         ours = model(x, labels=x, **kwargs)
-        theirs = hf(x, labels=x)
-    torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-5, rtol=1e-5)
+        labels = bos(x, -100)
+        labels[:, 1] = -100  # the BOS position's prediction of x[0], which the retrofitted model does not make
+        theirs = hf(bos(x), labels=labels)
+    torch.testing.assert_close(ours.logits, theirs.logits[:, 1:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=1e-5)
 
 
@@ -50,17 +58,17 @@ def test_identity_holds_with_neighbours_read_over_long_sequences():
 
 
 def test_the_backbone_attends_within_the_sliding_window():
-    """Each layer's attention sees the previous segment and its own: with one layer, segment 2's logits are the
-    backbone's over tokens S .. 3S - 1 (rotary positions are relative, so the shift of positions changes nothing but
-    float rounding), and segment 0 does not reach them. (With more layers the reach grows by a segment per layer, as in
-    Transformer-XL.)"""
+    """Each layer's attention sees the BOS sink, the previous segment and its own: with one layer, segment 2's logits
+    are the backbone's over BOS + tokens S .. 3S - 1 (rotary positions are relative, so the shift of positions changes
+    nothing but float rounding), and segment 0 does not reach them. (With more layers the reach grows by a segment per
+    layer, as in Transformer-XL.)"""
     hf = tiny_llama(layers=1)
     model = RetrofitRPT(retrofit_config("xl", n_layers=1, cca_layers=[]), seed=0, backbone=hf).eval()
-    x = torch.randint(0, 256, (1, 3 * S))
+    x = torch.randint(3, 256, (1, 3 * S))
     with torch.no_grad():
         ours = model(x).logits
-        window = hf(x[:, S:]).logits[:, S:]
-        start = hf(x[:, : 2 * S]).logits
+        window = hf(bos(x[:, S:])).logits[:, 1 + S :]
+        start = hf(bos(x[:, : 2 * S])).logits[:, 1:]
     torch.testing.assert_close(ours[:, 2 * S :], window, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ours[:, : 2 * S], start, atol=1e-5, rtol=1e-5)
     y = x.clone()
