@@ -59,9 +59,9 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    gold = json.loads((out / "store" / "labels" / "test-sem-doc-all" / "manifest.json").read_text())
+    gold = json.loads((out / "store" / "labels" / "test-sem-doc-all-q1-own" / "manifest.json").read_text())
     assert gold["candidates"] == "all" and gold["kind"] == "sem"
-    lex = json.loads((out / "store" / "labels" / "train-lex-512" / "manifest.json").read_text())
+    lex = json.loads((out / "store" / "labels" / "train-lex-512-k20" / "manifest.json").read_text())
     assert lex["k"] == 20  # the paper's k
     table = json.loads((out / "sweep" / "compare.json").read_text())
     rows = {row["variant"]: row for row in table["rows"]}
