@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from rpt import hf_auto
 from rpt.config import RPTConfig
+from rpt.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rpt.api import EvalResult, LoadedModel, evaluate, load, prepare
@@ -29,9 +30,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rpt.model.registry import build_model
     from rpt.model.rpt import RPT
 
-__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "build_model", "evaluate", "generate", "load", "prepare",
+__all__ = ["RPT", "__version__", "EvalResult", "LoadedModel", "RPTConfig", "build_model", "evaluate", "generate", "load", "prepare",
            "train"]
-__version__ = "0.1.0"
 
 hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)
 

@@ -318,7 +318,7 @@ def prepare(source: str | Path, out: str | Path, *, tokenizer: str = "bpe:8192",
 TRAIN_ARGS = {"variant": "model.variant", "vocab_size": "model.vocab_size", "seq_len": "data.seq_len",
               "steps": "train.steps", "batch_size": "train.batch_size", "grad_accum": "train.grad_accum",
               "lr": "train.lr", "seed": "train.seed", "optimizer": "train.optimizer", "precision": "train.precision",
-              "val_every": "train.val_every"}
+              "val_every": "train.val_every", "backbone": "model.backbone"}
 
 
 def config_key(name: str) -> str:
@@ -377,6 +377,10 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
     for key, value in values.items():
         section, _, field = key.partition(".")
         doc.setdefault(section, {})[field] = value
+    if doc.get("model", {}).get("backbone"):  # a retrofit: the backbone's shape (rpt/retrofit.py)
+        from rpt.retrofit import apply_backbone
+
+        apply_backbone(doc, set(values))
     if doc.get("preset") and "vocab_size" not in doc.get("model", {}):
         from rpt.train.loop import store_vocab
 
@@ -392,9 +396,10 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
 def train(config: str | Path | RPTConfig, store: str | Path | None = None, out: str | Path | None = None, *,
           labels: str | Path | None = None, resume: bool = True, device: str | None = None,
           stop_after: int | None = None, progress: bool = False, memory_check: bool = True,
-          **overrides: Any) -> TrainResult:
+          allow_changes: bool = False, **overrides: Any) -> TrainResult:
     """Train a model on the token store `store` (written by `prepare`) into the run folder `out`, as `rpt train` does;
-    an interrupted run resumes where it stopped (resume=False refuses a folder with checkpoints).
+    an interrupted run resumes where it stopped (resume=False refuses a folder with checkpoints); a resumed run with
+    other training settings (lr, steps, ...) than its checkpoint's is refused unless allow_changes=True.
 
     config: a preset name ("tiny", "small", ...), a YAML config file or an RPTConfig. overrides: config fields,
     e.g. steps=50, variant="rpt-sem", lr=1e-3, d_model=64, or dotted keys via **{"model.cca_layers": [2, 3]}.
@@ -410,4 +415,4 @@ def train(config: str | Path | RPTConfig, store: str | Path | None = None, out: 
             raise argument_error("labels", problem=f"variant {cfg.model.variant} needs retrieval labels, made by "
                                  f"`rpt label` with span {cfg.data.seq_len}")
     return run_training(cfg, cfg.data.store, labels, resume=resume, device=device, stop_after=stop_after,
-                        progress=progress, memory_check=memory_check)
+                        progress=progress, memory_check=memory_check, allow_changes=allow_changes)

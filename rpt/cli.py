@@ -110,6 +110,17 @@ def run_verb(argv: list[str], log: list[str] | None = None) -> int:
     return code
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush to a closed pipe raises nothing."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     import rpt.utils
     from rpt.config import ConfigError
@@ -130,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         flags = getattr(sys.modules.get(args._run.__module__), "FLAGS", None)
         print(f"rpt {args.verb}: error: {rpt.utils.cli_message(e, flags)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"rpt {args.verb}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        said = str(e) or getattr(sys.modules.get(args._run.__module__), "INTERRUPTED", "")
+        print(f"rpt {args.verb}: interrupted" + (f": {said}" if said else ""), file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rpt ... | head`: the reader is gone; nothing more to say
+        _quiet_stdout()
+        return 0
 
 
 if __name__ == "__main__":

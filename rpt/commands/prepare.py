@@ -6,6 +6,8 @@ import argparse
 
 HELP = "tokenize a corpus into per-split memory-mapped token stores (train/validation/test) with the tokenizer"
 ORDER = 10
+INTERRUPTED = ("finished splits are kept; a split cut short is left in a hidden .<split>.partial folder, which no "
+               "verb takes for a store; run the same command to continue")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

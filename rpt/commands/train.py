@@ -8,6 +8,7 @@ import os
 HELP = ("train a model (xl, retro, rpt-lex, rpt-sem or a baseline: memorizing, block-recurrent, griffin) on a token "
         "store; resumes an interrupted run")
 ORDER = 30
+FLAGS = {"out_dir": "--out", "labels_path": "--labels", "store_root": "--store"}  # argument -> flag (ArgumentError)
 
 
 def _flags() -> dict[str, str]:
@@ -50,11 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "WANDB_MODE=offline (train.wandb; project train.wandb_project; pip install 'rpt[wandb]')")
     p.add_argument("--optimizer", choices=["adamw", "adabelief"], help="train.optimizer")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="train.precision (bf16 autocast on GPUs)")
+    p.add_argument("--backbone", metavar="PATH", help="retrofit a pretrained causal LM: a local Hugging Face folder or "
+                   ".gguf file (Llama family) becomes the frozen trunk, its shape the model's (model.backbone; "
+                   "docs/retrofit.md)")
     p.add_argument("--vocab-size", type=int, help="model.vocab_size (default with --preset, or a --config naming a preset: the "
                    "store's tokenizer's)")
     add_set(p)
     p.add_argument("--print-config", action="store_true", help="print the run's full config (YAML) and exit")
     p.add_argument("--no-resume", action="store_true", help="start afresh; refused if --out already holds checkpoints")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="resume although training or data settings (lr, schedules, batch, ...) differ from the checkpoint's "
+                   "(refused otherwise; another --steps is accepted and named); changes are recorded in "
+                   "<out>/changes.json and config.yaml")
     p.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many updates of this call")
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP (torchrun on GPUs, for the 1b preset)")
     add_device(p, "training")
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                             f"with span {cfg.data.seq_len})")
     try:
         result = train(cfg, cfg.data.store, labels, resume=not args.no_resume, fsdp=args.fsdp, device=device,
-                       memory_check=not args.no_memory_check,
+                       memory_check=not args.no_memory_check, allow_changes=args.allow_changes,
                        stop_after=args.stop_after, progress=not args.no_progress)
     except StoreError as e:
         raise UserError(str(e)) from None

@@ -46,7 +46,22 @@ from rpt.data.corpora import SPLITS, Corpus, Document, Skips, load_corpus, norma
 from rpt.data.store import StoreError, StoreWriter, TokenStore, build_path, old_path, real_folder
 from rpt.data.tokenizer import DEFAULT_SAMPLE_BYTES, Tokenizer, load_tokenizer
 from rpt.locks import folder_lock
+from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.utils import argument_error, write_json_atomic
+
+def _is_store_root(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "prepare.json").is_file()
+
+
+# What `rpt prepare` writes into a store folder (rpt.outputs); labels/ is `rpt label`'s default place inside it
+OWNER = Owner("prepare", ("tokenizer.json", "prepare.json", *SPLITS, "labels", ".*.partial", ".*.tmp"), _is_store_root)
+
+
+def corpus_paths(corpus: Corpus) -> list[Path]:
+    """The local files or folders a corpus reads (none for corpora generated or found by name)."""
+    found = [getattr(corpus, a, None) for a in ("root", "path", "folder", "local")]
+    return [Path(p) for p in found if isinstance(p, (str, Path)) and str(p)]
+
 
 BATCH_CHARS = 4 << 20  # tokenize ~4 MB of text per encode_batch call
 BATCH_DOCS = 256
@@ -171,6 +186,8 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     if missing:
         raise ValueError(f"corpus {corpus.spec!r} has no split(s) {', '.join(missing)} (it has {', '.join(corpus.splits)})")
     out = Path(out)
+    read = corpus_paths(corpus)  # the corpus is read, never written over
+    claim_folder(out, OWNER, arg="out", inputs={"corpus": read[0]} if read else {})
     with folder_lock(out, "built"):  # one `rpt prepare` per store: a second is refused while this one lives
         dropped = recover_swap(out)
         if out.exists() and not out.is_dir():
@@ -193,7 +210,7 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
         else:
             root, reuse = out, _reusable_in_place(out, splits, tokenizer, chunk_size, settings)
         created = not root.exists()
-        root.mkdir(parents=True, exist_ok=True)
+        mark_folder(root, OWNER)
         tokenizer.save(root / "tokenizer.json")
         stats: dict[str, SplitStats] = {}
         try:

@@ -28,8 +28,10 @@ import numpy as np
 from rpt.chunks import chunks_per_segment, pool_size
 from rpt.labels.bm25 import K1, B, Query, bm25_candidates
 from rpt.labels.scorer import DecodeBatch, Scorer, target_scores
+from rpt.labels.store import OWNER as LABELS_OWNER
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
 from rpt.locks import folder_lock
+from rpt.outputs import claim_folder
 from rpt.utils import argument_error
 
 Kind = Literal["lex", "sem"]
@@ -243,12 +245,19 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
         raise LabelError(f"token store {store.path} has chunk_size {store.chunk_size}, labels asked for {spec.chunk_size}")
     if spec.kind == "sem" and scorer is None:
         raise LabelError("kind 'sem' needs a scorer")
+    if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int)
+                                      or max_documents < 1):
+        raise argument_error("max_documents", max_documents, "a number of documents, at least 1 (leave it out for all)",
+                             ValueError)
     out = Path(out)
     n_docs = len(store) if max_documents is None else min(len(store), max_documents)
     doc_chunks = store.doc_lengths()[:n_docs] // spec.chunk_size
     i, n = shard or shard_from_env() or (0, 1)
     lo, hi = shard_range(doc_chunks, i, n)
     path = out if n == 1 else shard_path(out, i, n)
+    for folder in dict.fromkeys((out, path)):  # before any work: never into a folder of the user's, nor the store
+        claim_folder(folder, LABELS_OWNER, arg="out", inputs={"store": store.path.parent, "split": store.path},
+                     inside_ok=("store",))
     width = spec.width(doc_chunks)  # the whole split's, so that shards merge
     config = {
         **spec.manifest(),

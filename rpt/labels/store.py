@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.utils import write_failure
 
 FORMAT_VERSION = 1
@@ -60,6 +61,18 @@ def parse_span(value: str | int | None) -> int | None:
     if span <= 0:
         raise LabelError(f"span must be positive, not {span}")
     return span
+
+
+def _is_label_folder(folder: Path) -> bool:
+    try:
+        return "format_version" in json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, RecursionError, TypeError):
+        return False
+
+
+# What `rpt label` writes into a label folder (rpt.outputs): its arrays and manifest, and while running progress.json
+OWNER = Owner("label", ("manifest.json", "progress.json", "chunk_offsets.npy", *(f"{n}.npy" for n in ARRAYS),
+                        ".*.tmp"), _is_label_folder)
 
 
 def default_label_path(root: str | Path, split: str, kind: str, span: int | None) -> Path:
@@ -317,9 +330,16 @@ class LabelWriter:
         (self.tmp / "progress.json").unlink(missing_ok=True)
         with self._writing(self.tmp / "manifest.json"):
             _fsync_json(self.tmp / "manifest.json", full)
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        os.replace(self.tmp, self.path)
+        mark_folder(self.tmp, OWNER)
+        if self.path.exists():  # an older label folder (checked to hold only labels), moved aside before it is deleted
+            claim_folder(self.path, OWNER, arg="out")
+            old = self.path.with_name(f".{self.path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.path, old)
+            os.replace(self.tmp, self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.path)
         _fsync_dir(self.path.parent)
         return self.path
 

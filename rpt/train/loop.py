@@ -21,6 +21,9 @@ import json
 import math
 import random
 import shutil
+import signal
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
 from rpt.data.store import StoreError
 from rpt.locks import folder_lock
+from rpt.outputs import Owner, claim_folder, mark_folder, write_text
 from rpt.model.registry import spec
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
@@ -54,6 +58,62 @@ from rpt.train.memory import check_fits
 from rpt.train.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
 from rpt.utils import RPTWarning, UserError, argument_error
+
+
+def _is_run_folder(folder: Path) -> bool:
+    return (folder / "config.yaml").is_file() and ((folder / "checkpoints").is_dir() or (folder / "log.jsonl").is_file())
+
+
+# What `rpt train` writes into a run folder (rpt.outputs), and what the verbs that read a run write beside it by
+# default (`rpt eval`'s result JSON)
+OWNER = Owner("train", ("config.yaml", "log.jsonl", "checkpoints", "best", "tokenizer.json", "init.json", "changes.json",
+                        "tensorboard", "wandb", "wandb.json", "eval-*.json", ".*.tmp", ".*.old"), _is_run_folder)
+
+# Fields that do not change what a resumed run computes: they may differ from the checkpoint's without a word
+RESUME_FREE = {"train.out_dir", "train.checkpoint_every", "train.keep_last", "train.log_every", "train.tensorboard",
+               "train.wandb", "train.wandb_project", "train.init_from", "train.compile", "train.activation_checkpointing",
+               "train.val_every", "train.val_sequences", "data.store", "data.corpus", "data.tokenizer"}
+
+# Fields a resumed run may change without allow_changes: named when it resumes and recorded (more updates for a run)
+RESUME_NAMED = {"train.steps"}
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training after an update; the message names the checkpoint written then."""
+
+
+class _StopRequests:
+    """SIGINT / SIGTERM during training ask the loop to stop after the current update (with a checkpoint); a second
+    SIGINT stops at once. Installed only in the main thread (signal handlers cannot be set elsewhere)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nrpt train: {signal.Signals(signum).name}: stopping after this update with a checkpoint "
+              "(Ctrl-C again to stop at once, without one)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def settings_changed(recorded: RPTConfig, cfg: RPTConfig) -> list[str]:
+    """The training and data settings (besides `RESUME_FREE`) in which a run's checkpoint and this call differ, as
+    "key recorded -> now"."""
+    old, new = ({k: v for k, v in flat_config(c.to_dict()).items() if k.startswith(("train.", "data."))
+                 and k not in RESUME_FREE} for c in (recorded, cfg))
+    return config_differences(old, new)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -304,12 +364,17 @@ def _model_difference(recorded: RPTConfig, cfg: RPTConfig) -> str:
 def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str | Path | None = None, resume: bool = True, *,
           fsdp: bool = False, device: str | None = None, stop_after: int | None = None, progress: bool = True,
           model_factory: Callable[[ModelConfig], nn.Module] | None = None,
-          on_step: Callable[[int, dict[str, float]], None] | None = None, memory_check: bool = True) -> TrainResult:
+          on_step: Callable[[int, dict[str, float]], None] | None = None, memory_check: bool = True,
+          allow_changes: bool = False) -> TrainResult:
     """Train `cfg.model` on the token store under `store_root` (default cfg.data.store) for cfg.train.steps updates.
 
     labels_path: the label store of the training split (needed by retro, rpt-lex, rpt-sem; span = data.seq_len).
     resume: continue from the newest checkpoint in cfg.train.out_dir if there is one (exactly: same weights,
         optimiser, RNG and data position). With resume=False an out_dir that already holds checkpoints is refused.
+        A resumed run says the step and checkpoint it resumes from.
+    allow_changes: resume even though training or data settings (lr, schedules, batch, ...) differ from the
+        checkpoint's (refused otherwise, naming them). Another number of steps is accepted without it, and named.
+        Changes and the step they took effect are recorded in <out_dir>/changes.json and at the top of config.yaml.
     fsdp: shard with FullyShardedDataParallel (torchrun only; meant for the 1b preset on GPUs).
     device: "cpu" / "cuda" / None (= cuda when available). Under torchrun each rank takes cuda:LOCAL_RANK.
     stop_after: stop (with a checkpoint) after this many updates of this call, e.g. to fit a time budget.
@@ -322,19 +387,24 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
     """
     cfg.validate()  # ranges included (rpt.config.check_ranges): a config changed after it was built is checked again
+    store = store_root if store_root is not None else cfg.data.store
+    # before any work: never into a folder of the user's, nor over the store, the labels or the run it starts from
+    claim_folder(cfg.train.out_dir, OWNER, arg="out_dir",
+                 inputs={"store": store, "labels_path": labels_path, "init_from": cfg.train.init_from or None})
     info = D.setup(device)
     try:
         # one run per folder: a second `rpt train --out` into it is refused while this one lives (the main rank locks)
         with folder_lock(cfg.train.out_dir, "written") if info.is_main else contextlib.nullcontext():
             return _train(cfg, info, store_root, labels_path, resume, fsdp, stop_after, progress,
-                          model_factory or _default_model, on_step, memory_check)
+                          model_factory or _default_model, on_step, memory_check, allow_changes)
     finally:
         D.teardown(info)
 
 
 def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labels_path: str | Path | None, resume: bool,
            fsdp: bool, stop_after: int | None, progress: bool, model_factory: Callable[[ModelConfig], nn.Module],
-           on_step: Callable[[int, dict[str, float]], None] | None, memory_check: bool = True) -> TrainResult:
+           on_step: Callable[[int, dict[str, float]], None] | None, memory_check: bool = True,
+           allow_changes: bool = False) -> TrainResult:
     tc, mcfg = cfg.train, cfg.model
     out_dir = Path(tc.out_dir)
     dev = info.device
@@ -370,6 +440,12 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     if cp is not None and (diff := _model_difference(cp.config, cfg)):
         raise ValueError(f"{last} was trained with another model config ({diff}); resume with the same model or "
                          "another out_dir")
+    changes = settings_changed(cp.config, cfg) if cp is not None else []
+    refused = [c for c in changes if c.split(" ", 1)[0] not in RESUME_NAMED]
+    if refused and not allow_changes:
+        raise argument_error("out_dir", out_dir, f"resuming from {last.name} with settings other than the run's "
+                             f"({'; '.join(refused)}): pass {{allow_changes=True}} to resume with them, or train into "
+                             "another folder", ValueError)
     init_source = _init_source(tc.init_from, store) if tc.init_from and cp is None else None  # resuming ignores it
 
     # ---- model, optimiser, state
@@ -418,10 +494,13 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                       stacklevel=2)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
 
+    if info.is_main and start:
+        print(f"rpt train: resuming {out_dir} from step {start} of {tc.steps} ({last})"
+              + (f"; changed settings: {'; '.join(changes)}" if changes else ""), flush=True)
     log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress, cfg if tc.wandb else None)
     if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(out_dir / "config.yaml")
+        mark_folder(out_dir, OWNER)
+        _write_config(out_dir, cfg, start, changes)
         if init is not None:
             (out_dir / "init.json").write_text(json.dumps({"init_from": tc.init_from, **init.to_dict()}, indent=1) + "\n")
             print(f"rpt train: {init.summary()}", flush=True)
@@ -447,7 +526,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     last_row: dict[str, float] = {}
     step = start
     checked_scores = False
+    stop = _StopRequests()
     try:
+        stop.__enter__()
         while step < tc.steps:
             lr, tau = learning_rate(step, tc), margin(step, tc)
             alpha = retrieval_weight(step, tc) if retriever else 0.0
@@ -509,7 +590,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             step_metrics = {"lm_loss": lm_mean, "ret_loss": ret_mean, "lr": lr, "tau": tau, "alpha_ret": alpha, "p_ss": p_ss,
                             "grad_norm": grad_norm}
             log.tick()
-            done = step == tc.steps or (stop_after is not None and step - start >= stop_after)
+            interrupted = _agreed(stop.requested, info, dev)
+            done = step == tc.steps or (stop_after is not None and step - start >= stop_after) or interrupted
             validate_now = validation is not None and (step % tc.val_every == 0 or step == tc.steps)
             checkpoint_now = step % tc.checkpoint_every == 0 or done or validate_now
             # a checkpoint also closes the log window, so a resumed run logs exactly what an uninterrupted one does
@@ -535,8 +617,41 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             if done:
                 break
     finally:
+        stop.__exit__()
         log.close()
+    if stop.requested and step < tc.steps:
+        path = ckpt_io.latest(out_dir)
+        raise TrainingInterrupted(f"stopped at step {step} of {tc.steps}; checkpoint {path}: run the same command to "
+                                  "resume")
     return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row, init=init)
+
+
+def _agreed(flag: bool, info: D.DistInfo, dev: torch.device) -> bool:
+    """`flag` on any rank (all ranks must stop at the same update); free on one process."""
+    if info.world_size == 1:
+        return flag
+    t = torch.tensor([float(flag)], device=dev)
+    D.all_reduce_sum(t, info)
+    return bool(t.item() > 0)
+
+
+def _write_config(out_dir: Path, cfg: RPTConfig, start: int, changes: list[str]) -> None:
+    """config.yaml: the settings of this call; when a resumed call changed some, a header says from which step, and
+    changes.json keeps every change with its step, so the file never claims a setting for updates that did not use
+    it."""
+    history_path = out_dir / "changes.json"
+    try:
+        history = json.loads(history_path.read_text()) if history_path.is_file() else []
+    except (OSError, ValueError):
+        history = []
+    if changes:
+        history.append({"from_step": start, "changed": changes})
+        write_text(history_path, json.dumps(history, indent=1) + "\n")
+    header = "".join(f"# from step {h['from_step']}: {'; '.join(h['changed'])} (recorded -> used from then on)\n"
+                     for h in history)
+    body = cfg.to_yaml()
+    write_text(out_dir / "config.yaml", (f"# settings changed while the run was resumed:\n{header}" if header else "")
+               + body)
 
 
 def _init_source(init_from: str, store: Any) -> Path:

@@ -146,6 +146,7 @@ def test_a_folder_that_is_not_a_store_is_not_overwritten(split_folder, tmp_path,
     tok = Tokenizer.train_bpe(texts, 300, cache_dir=cache)
     (tmp_path / "out" / "train").mkdir(parents=True)
     (tmp_path / "out" / "train" / "precious.txt").write_text("mine")
-    with pytest.raises(StoreError, match="no token store.*--force"):
-        prepare(str(split_folder), tok, tmp_path / "out", progress=False)
-    assert (tmp_path / "out" / "train" / "precious.txt").exists()
+    for force in (False, True):  # --force replaces only a store, never a folder of the user's
+        with pytest.raises(ValueError, match="out=.*did not write"):
+            prepare(str(split_folder), tok, tmp_path / "out", progress=False, force=force)
+    assert (tmp_path / "out" / "train" / "precious.txt").read_text() == "mine"

@@ -93,7 +93,7 @@ def test_forced_rebuild_killed_part_way_leaves_the_old_store_whole_then_resumes(
     (path_a, tok_a), (path_b, tok_b) = toks["a"], toks["b"]
     out = tmp_path / "store"
     prepare(str(books), str(path_a), out, chunk_size=M, progress=False)
-    write(out / "notes.txt", "mine")
+    write(out / "labels" / "notes.txt", "mine")
     assert main(["label", "--store", str(out), *LABEL_LEX]) == 0
     real, written = prepmod.write_split, []
 
@@ -120,7 +120,7 @@ def test_forced_rebuild_killed_part_way_leaves_the_old_store_whole_then_resumes(
     assert written == list(SPLITS[finished:])  # the interrupted build was resumed, not redone
     assert [s.reused for s in summary.splits] == [i < finished for i in range(3)]
     assert_whole(out, tok_b)
-    assert (out / "notes.txt").read_text() == "mine" and leftovers(out) == []
+    assert (out / "labels" / "notes.txt").read_text() == "mine" and leftovers(out) == []
     # The labels of the old store came along; they are refused, naming the tokenizer that differs.
     assert main(["label", "--store", str(out), *LABEL_LEX]) == 2
     err = one_line_error(capsys, "label")
@@ -131,7 +131,7 @@ def test_a_swap_killed_between_its_two_renames_is_finished_by_the_next_run(books
     (path_a, _), (path_b, tok_b) = toks["a"], toks["b"]
     out = tmp_path / "store"
     prepare(str(books), str(path_a), out, chunk_size=M, progress=False)
-    write(out / "notes.txt", "mine")
+    write(out / "labels" / "notes.txt", "mine")
     real = os.replace
 
     def dying(src, dst):
@@ -149,7 +149,7 @@ def test_a_swap_killed_between_its_two_renames_is_finished_by_the_next_run(books
     summary = prepare(str(books), str(path_b), out, chunk_size=M, progress=False)  # finishes the swap, reuses all
     assert all(s.reused for s in summary.splits)
     assert_whole(out, tok_b)
-    assert (out / "notes.txt").read_text() == "mine" and leftovers(out) == []
+    assert (out / "labels" / "notes.txt").read_text() == "mine" and leftovers(out) == []
 
 
 def test_label_refuses_a_tokenizer_json_from_another_prepare_run(books, toks, tmp_path, capsys):

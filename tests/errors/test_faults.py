@@ -91,7 +91,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
 
 def test_train_releases_its_lock_and_a_second_run_resumes(store, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(train_args(store, out, "--steps", "2")) == 0
+    assert main(train_args(store, out, "--steps", "4", "--stop-after", "2")) == 0
     assert main(train_args(store, out, "--steps", "4")) == 0  # the first run's lock is gone
     assert [p.name for p in ck.list_checkpoints(out)] == ["step_00000002", "step_00000004"]
 
