@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rpt.model.registry import build_model
     from rpt.model.rpt import RPT
 
-__all__ = ["RPT", "__version__", "EvalResult", "LoadedModel", "RPTConfig", "build_model", "evaluate", "generate", "load", "prepare",
+__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "build_model", "evaluate", "generate", "load",
+           "prepare",
            "train"]
 
 hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)

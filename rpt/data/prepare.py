@@ -49,6 +49,7 @@ from rpt.locks import folder_lock
 from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.utils import argument_error, write_json_atomic
 
+
 def _is_store_root(folder: Path) -> bool:
     return (folder / "tokenizer.json").is_file() or (folder / "prepare.json").is_file()
 

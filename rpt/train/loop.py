@@ -40,8 +40,8 @@ from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
 from rpt.data.store import StoreError
 from rpt.locks import folder_lock
-from rpt.outputs import Owner, claim_folder, mark_folder, write_text
 from rpt.model.registry import spec
+from rpt.outputs import Owner, claim_folder, mark_folder, write_text
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
 from rpt.train.losses import (
