@@ -46,6 +46,8 @@ def load_backbone(path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Mo
     if not p.exists():
         raise UserError(f"backbone {path}: no such folder or .gguf file (a local Hugging Face causal-LM folder, or a "
                         "GGUF file)")
+    if torch.empty(0).device.type == "meta":  # built for its shapes only (parameter counts): no weights to read
+        return AutoModelForCausalLM.from_config(backbone_config(p)).eval()
     kwargs: dict[str, Any] = {"local_files_only": True}
     if p.suffix == ".gguf":
         require("gguf", "loading a GGUF backbone")
