@@ -15,9 +15,11 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     # smaller still: one document per update, one test document (the copy test's flags, printed with its command)
     monkeypatch.setattr(demo, "COPY_SIZE", {**demo.COPY_SIZE, "batch_size": 1, "eval_docs": 1})
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--seeds", "0,1", "--steps", "2", "--near-steps", "3", "--no-progress"]) == 0
+    code = main(["demo", "--out", str(out), "--seeds", "0,1", "--steps", "2", "--near-steps", "3", "--no-progress"])
     res = out / "results"
     summary = json.loads((res / "demo.json").read_text())
+    assert code == (0 if summary["passed"] else 1)  # 1: a check expected at this size is not met
+    assert "xl copies near repeats" in summary["not_expected"] or summary["checks"]["checks"]["xl copies near repeats"]
     rows = summary["rows"]  # xl near (control and scorer, first seed), xl and rpt-sem far for both seeds
     assert set(rows) == {"xl (near)", "xl (far)", "rpt-sem (far)"}
     assert rows["xl (near)"]["perplexity"]["n"] == 1 and "retrieval_gain" not in rows["xl (far)"]
@@ -33,6 +35,39 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     assert "$ rpt copytest" in text and "$ rpt explore" in text and "source@1" in text and "± " in text
     assert "--batch-size 1 --eval-docs 1" in text
     assert "longer comparisons:" in text and "scripts/domain_sweep.sh" in text
+    assert ("FAILED" in text) == (not summary["passed"])  # a check not expected at this size is marked, not failed
+
+
+def _copy_summary(checks: dict[str, bool], skip: dict[str, str]) -> dict:
+    """A copy test's summary with these checks, as `verdict` writes it for settings whose not_expected is `skip`."""
+    ev = {"all": 1.0, "advantage": 0.5}
+    runs = [{"setting": "near", "variant": "xl", "seed": 0, "eval": {"none": ev}},
+            {"setting": "far", "variant": "xl", "seed": 0, "eval": {"none": ev}},
+            {"setting": "far", "variant": "rpt-sem", "seed": 0,
+             "eval": {"model": {**ev, "hit@1": 0.9}, "none": {"all": 3.0, "advantage": 0.0}}}]
+    skipped = {k: why for k, why in skip.items() if not checks[k]}
+    verdict = {"checks": checks, "passed": all(checks.values()), "not_expected": skipped,
+               "passed_at_this_size": all(ok for k, ok in checks.items() if k not in skipped)}
+    return {"settings": {"variants": ["rpt-sem"]}, "runs": runs, "far_distance": [3, 6], "verdict": verdict}
+
+
+def test_the_demo_table_marks_a_check_not_expected_at_its_size_and_never_says_failed():
+    from rpt.experiments.demo import DemoSettings, format_table, not_expected, summarize_copy
+
+    near, far = "xl copies near repeats", "rpt-sem far gain comes from its neighbours"
+    skip = not_expected(DemoSettings())  # the default: a near control of 400 updates
+    assert set(skip) == {near} and not not_expected(DemoSettings(near_steps=1000))
+    met = summarize_copy(_copy_summary({near: False, far: True}, skip))
+    assert met["passed"] and met["not_expected"] == skip
+    text = format_table(met)
+    assert f"[-] {near} (not expected at this size: the near control trains 400 updates" in text
+    assert f"[x] {far}" in text and "copy test: every check expected at this size is met (1 of 2)" in text
+    assert "FAILED" not in text
+    missed = summarize_copy(_copy_summary({near: False, far: False}, skip))
+    assert not missed["passed"] and "FAILED: 1 of the 1 checks expected at this size are not met" in format_table(missed)
+    # a near control that was expected to copy and did not: not skipped
+    strict = summarize_copy(_copy_summary({near: False, far: True}, not_expected(DemoSettings(near_steps=1000))))
+    assert not strict["passed"] and f"[ ] {near}" in format_table(strict) and "copy test: FAILED" in format_table(strict)
 
 
 def test_demo_refuses_a_variant_without_retrieval(tmp_path, capsys):

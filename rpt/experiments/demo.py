@@ -1,4 +1,4 @@
-"""`rpt demo`: retrieval shown working, in about five minutes on two CPU cores.
+"""`rpt demo`: retrieval shown working, in about 4 minutes on 2 CPU cores (213 s, run alone: docs/results/copy-test.md#the-demo).
 
 The copy corpus (`rpt copytest` at a small size): documents whose later passages repeat earlier ones from further back
 than any sliding window reaches, so a model can predict a repeat only by retrieving its source. Transformer-XL (xl)
@@ -11,7 +11,6 @@ document. Every step is an `rpt` verb, printed as it runs.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -42,17 +41,31 @@ class DemoSettings:
     progress: bool = True
 
 
-def _copy_argv(s: DemoSettings) -> tuple[list[str], Path]:
-    """The `rpt copytest` command line of the demo and the summary file it writes."""
-    from rpt.experiments.copytest import CopyTestSettings, summary_path
+# updates the demo's near control needs to meet the copy test's near check (advantage 2.0 nats): 1.14 at 400, 1.37 at
+# 600, 2.21 at 1,000 (docs/results/copy-test.md#three-seeds-at-the-demos-size); with fewer it is not expected to
+NEAR_COPY_STEPS = 1000
+
+
+def not_expected(s: DemoSettings) -> dict[str, str]:
+    """The copy test's checks a demo of these settings is not expected to meet, each with the reason."""
+    if s.near_steps >= NEAR_COPY_STEPS:
+        return {}
+    return {"xl copies near repeats": f"not expected at this size: the near control trains {s.near_steps} updates, "
+                                      f"and reaches the check's 2.0 nats after about {NEAR_COPY_STEPS:,}"}
+
+
+def _copy_argv(s: DemoSettings) -> tuple[list[str], Any]:
+    """The `rpt copytest` command line of the demo and the settings it stands for."""
+    from rpt.experiments.copytest import CopyTestSettings
 
     cs = CopyTestSettings(out=s.out / "copy", steps=s.steps, near_steps=s.near_steps, variants=s.variants,
-                          seeds=s.seeds, near_every_seed=False, **COPY_SIZE)
+                          seeds=s.seeds, near_every_seed=False, threads=s.threads, progress=s.progress,
+                          not_expected=not_expected(s), **COPY_SIZE)
     size = [a for k, v in COPY_SIZE.items() for a in ("--" + k.replace("_", "-"), f"{v:g}")]
     argv = ["copytest", "--out", str(cs.out), *size, "--steps", str(s.steps), "--near-steps", str(s.near_steps),
             "--variants", ",".join(s.variants), "--seeds", ",".join(map(str, s.seeds)), "--near-first-seed-only"]
     argv += (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
-    return argv, summary_path(cs)
+    return argv, cs
 
 
 def _run(argv: list[str], log: list[str], ok: tuple[int, ...] = (0,)) -> None:
@@ -81,9 +94,14 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     res.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []
     t0 = time.perf_counter()
-    argv, summary_file = _copy_argv(s)
-    _run(argv, commands, ok=(0, 1))  # 1: a check failed at this small size; the table says which
-    copy = json.loads(summary_file.read_text())
+    argv, cs = _copy_argv(s)
+    # `rpt copytest` with these arguments, run here so that its table marks the checks not expected at this size
+    from rpt.cli import command_line
+    from rpt.experiments.copytest import run_copytest
+
+    commands.append(command_line(argv))
+    print(f"\n$ {commands[-1]}", flush=True)
+    copy = run_copytest(cs)
     summary = summarize_copy(copy)
     figure = plot_demo(copy, res / "copy_test.png")
     first = next(r for r in copy["runs"] if r["setting"] == "far" and r["variant"] == s.variants[-1])
@@ -110,7 +128,8 @@ def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
     """Rows from `rpt copytest`'s summary: per model, mean ± sd over seeds of the whole-document perplexity with its own
     neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), own vs random chunks of
     the document ppl(random) / ppl(own), the copy advantage
-    loss(fresh) - loss(repeat-tail) in nats, and source@1 (the first neighbour of a repeat is its source)."""
+    loss(fresh) - loss(repeat-tail) in nats, and source@1 (the first neighbour of a repeat is its source).
+    "passed": every check expected at this size is met (the copy test's verdict leaves out those `not_expected`)."""
     from rpt.experiments.copytest import OWN_SOURCE
 
     rows: dict[str, Any] = {}
@@ -132,11 +151,15 @@ def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
                 row["source_at_1"] = _mean_sd([e[own]["hit@1"] for e in evals])
         rows[f"{variant} ({setting})"] = row
     lo, hi = copy.get("far_distance", [0, 0])
-    return {"rows": rows, "passed": copy["verdict"]["passed"], "checks": copy["verdict"], "far_distance": [lo, hi],
+    v = copy["verdict"]
+    return {"rows": rows, "passed": v.get("passed_at_this_size", v["passed"]), "checks": v,
+            "not_expected": v.get("not_expected", {}), "far_distance": [lo, hi],
             "seeds": sorted({r["seed"] for r in copy["runs"]})}
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    from rpt.experiments.copytest import check_lines, verdict_line
+
     def ms(x: dict[str, float] | None, fmt: str = "{:.2f}") -> str:
         if not x:
             return "-"
@@ -157,9 +180,8 @@ def format_table(summary: dict[str, Any]) -> str:
               "document / ppl with the model's own; copy adv = loss on fresh text - loss on a "
               "repeat's second half; source@1 = share of repeats whose first neighbour is their source",
               "rpt copytest's checks:"]
-    lines += [f"  [{'x' if ok else ' '}] {name}" for name, ok in summary["checks"]["checks"].items()]
-    lines.append(f"copy test {'PASSED' if summary['passed'] else 'FAILED'}"
-                 + ("" if summary["passed"] else " (a check of the table above is not met at this size)"))
+    lines += check_lines(summary["checks"])
+    lines.append("copy test: " + verdict_line(summary["checks"]))
     return "\n".join(lines)
 
 
