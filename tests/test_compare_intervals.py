@@ -1,10 +1,13 @@
 """`rpt compare`'s per-document intervals on retrieval metrics: the model's P@2 against BM25, recency and random,
 resampling the test documents."""
 
+import math
+
 import pytest
 from test_compare import result
 
-from rpt.experiments.compare import bootstrap_difference, compare, to_markdown
+from rpt.experiments.compare import bootstrap_difference, bootstrap_ratio, compare, to_markdown
+from rpt.utils import UserError
 
 
 def per_doc(rates: list[float], counts: list[int]) -> dict[int, tuple[float, int]]:
@@ -61,3 +64,65 @@ def test_results_without_per_document_metrics_get_no_interval():
     row = compare(rs)["rows"][0]
     assert not any(k.startswith("p2_vs_") for k in row)
     assert "− BM25" not in to_markdown(compare(rs))
+
+
+def test_seed_to_seed_spread_widens_the_interval():
+    """Three runs whose gap is the same in every document but differs from run to run (0, 10 and 20 points): resampling
+    documents alone would give [10, 10]; resampling the runs too spreads it over the runs' gaps."""
+    counts = [4, 4, 4, 4, 4]
+    b = per_doc([0.3] * 5, counts)
+    runs = {(seed, 0): per_doc([0.3 + gap] * 5, counts) for seed, gap in ((0, 0.0), (1, 0.1), (2, 0.2))}
+    lo, hi, n = bootstrap_difference(runs, {x: b for x in runs})
+    assert n == 5 and lo == pytest.approx(0.0) and hi == pytest.approx(0.2)
+    # the same mean gap in every run: no spread to add, the interval stays at the gap
+    same = {(seed, 0): per_doc([0.4] * 5, counts) for seed in range(3)}
+    assert bootstrap_difference(same, {x: b for x in same})[:2] == pytest.approx((0.1, 0.1))
+
+
+def test_the_ratio_interval_holds_the_spread_between_runs():
+    docs = [(100.0, 50), (120.0, 60), (90.0, 45), (110.0, 55)]
+    num = {(s, 0): {d: (v * (1 + 0.05 * s), n) for d, (v, n) in enumerate(docs)} for s in range(3)}
+    den = {x: dict(enumerate(docs)) for x in num}
+    lo, hi, _ = bootstrap_ratio(num, den)  # per-run ratios exp(0), exp(0.05 x 2), exp(0.1 x 2) in every document
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(math.exp(0.2))
+
+
+def test_runs_of_one_seed_in_other_folders_are_pooled(tmp_path):
+    def run(seed, folder, source, ppl):
+        r = result("rpt-sem", seed, source, ppl)
+        r["config"]["train"]["out_dir"] = folder
+        return r
+
+    rs = [run(0, "runs/a", "model", 90.0), run(0, "runs/a", "none", 99.0),
+          run(0, "runs/b", "model", 80.0), run(0, "runs/b", "none", 96.0)]
+    (row,) = compare(rs)["rows"]
+    assert row["seeds"] == [0] and row["runs"] == 2 and row["ppl"][0] == pytest.approx(85.0)
+    assert row["gain"][0] == pytest.approx((99 / 90 + 96 / 80) / 2)  # each run paired with its own no-neighbour result
+    assert "| rpt-sem | 2 (1 seeds) | 85.0 ± 7.1 |" in to_markdown(compare(rs))
+    with pytest.raises(UserError, match="from the same run folder runs/a"):
+        compare([*rs, run(0, "runs/a", "model", 91.0)])
+
+
+def test_one_test_document_says_why_there_is_no_interval():
+    rs = [with_one_doc(result("rpt-sem", s, "model", 90.0 + s)) for s in (0, 1)]
+    rs += [with_one_doc(result("rpt-sem", s, "none", 95.0 + s)) for s in (0, 1)]
+    table = compare(rs)
+    (row,) = table["rows"]
+    assert row["one_document"] and row["gain_ci"] is None
+    assert "No interval for rpt-sem: the results hold one test document" in to_markdown(table)
+
+
+def with_one_doc(r: dict) -> dict:
+    r["documents"] = [{"index": 0, "id": "doc0", "n_tokens": 100, "nll_sum": 400.0, "n_targets": 99}]
+    return r
+
+
+def test_compare_records_the_environments_of_its_results():
+    env = {"machine": "x86_64", "cpu_count": 2, "gpu": None, "threads": 1, "torch": "2.13.0+cpu", "python": "3.11.7",
+           "rpt": "0.1.0", "platform": "Linux"}
+    rs = [result("xl", 0, "none", 100.0), result("xl", 1, "none", 104.0)]
+    for r in rs:
+        r["environment"] = env
+    table = compare(rs)
+    assert table["result_environments"] == [env] and {"threads", "torch", "python", "rpt"} <= set(table["environment"])
+    assert "Results from: x86_64, 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0." in to_markdown(table)

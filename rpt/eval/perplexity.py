@@ -426,6 +426,21 @@ def read_result(path: str | Path, arg: str, per_chunk: bool = False) -> dict[str
     return result
 
 
+def environment() -> dict[str, Any]:
+    """What a rerun must match to be compared figure for figure: the machine (architecture, CPU count, GPU), torch's
+    thread count, and the versions of torch, Python, rpt and the platform. Recorded in every result of `rpt eval` and
+    table of `rpt compare`."""
+    import os
+    import platform
+
+    from rpt.version import __version__
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"machine": platform.machine(), "cpu_count": os.cpu_count(), "gpu": gpu, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "rpt": __version__,
+            "platform": platform.platform()}
+
+
 def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", n_neighbors: int = 2,
              source: str | None = None, labels: str | Path | None = None, memory: MemoryKind = "auto",
              max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
@@ -441,6 +456,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
     of loading `checkpoint` (which may then be None). Layout of the result::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
+         "environment": {"machine", "cpu_count", "gpu", "threads", "torch", "python", "rpt", "platform"},
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
                   "retriever", "memory_tokens", ["gold", "query_fraction"] (with labels)},
@@ -539,6 +555,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
                      "retriever": None if dpr is None else str(retriever),
                      "memory_tokens": memory_tokens},
         }
+        result["environment"] = environment()
         result.update(summarize(sums, documents, seconds))
         if label_store is not None:  # what the labels' gold holds, for the oracle and the scored-chunk figures
             result["eval"]["gold"] = gold_name(label_store.manifest)
@@ -549,7 +566,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
         if base is not None and info.is_main:
             result["subgroups"] = subgroups_against(result, base, label_store, mcfg.chunk_size, mcfg.segment_len)
         if out is not None and info.is_main:
-            write_json_atomic(out, result)
+            write_json_atomic(out, result, "eval")
         return result
     finally:
         D.teardown(info)

@@ -17,14 +17,18 @@ number of neighbours at inference; its results over several seeds and several ne
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
 
 An ordering between two rows is supported only where the gap of the means exceeds the spread; the table prints the
-spread next to every mean so that a reader can check, and `n` says how many seeds stand behind it. The paired ratios
-(vs xl, the gains) also get a 95% interval from a per-document bootstrap: the test documents are resampled with
-replacement (the same draw for every seed and both sides of the ratio), each seed's ratio is recomputed from the
-resampled documents' NLL sums and token counts, and the seeds' mean is taken; the 2.5th and 97.5th percentiles of
-BOOTSTRAP draws bound it. An interval that contains 1 means the documents do not support a difference. The model's
-retriever gets the same kind of interval on its P@2 difference from BM25, recency and random (results whose documents
-carry their metric sums, `rpt eval --metrics`): each seed's difference recomputed from the resampled documents' sums
-over their query chunks; an interval that contains 0 does not support a difference.
+spread next to every mean so that a reader can check, and `n` says how many runs stand behind it. A setting trained
+more than once with one seed (in other run folders) pools every run: each run is one replicate, paired with the
+results of the same run folder (and, for vs xl, with xl's run of the same seed and repeat). The paired ratios (vs
+xl, the gains) also get a 95% interval from a two-level bootstrap: each draw resamples the runs with replacement and
+the test documents with replacement (one document draw for every run and both sides of the ratio), recomputes each
+drawn run's ratio from the drawn documents' NLL sums and token counts, and takes the mean over the drawn runs; the
+2.5th and 97.5th percentiles of BOOTSTRAP draws bound it, so the interval holds run-to-run (seed) spread as well as
+the spread over documents. An interval that contains 1 means the runs and documents do not support a difference.
+The model's retriever gets the same kind of interval on its P@2 difference from BM25, recency and random (results
+whose documents carry their metric sums, `rpt eval --metrics`): each run's difference recomputed from the drawn
+documents' sums over their query chunks; an interval that contains 0 does not support a difference. With one test
+document there is no interval (one document cannot be resampled); the table says so.
 """
 
 from __future__ import annotations
@@ -132,31 +136,42 @@ def load_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     return results
 
 
+Run = tuple[int, int]  # (seed, repeat): one trained run of a setting
+
+
 @dataclass
 class Setting:
     variant: str
     config: dict[str, Any]  # flat, without the seed and the run folder
     step: int | None
     k: int
-    ppl: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))  # source -> seed -> ppl
-    metrics: dict[str, dict[int, tuple[float, ...]]] = field(default_factory=lambda: defaultdict(dict))  # who -> seed
-    # who -> seed -> {pool-size bucket: P@2}
-    buckets: dict[str, dict[int, dict[str, float | None]]] = field(default_factory=lambda: defaultdict(dict))
+    # every per-run field is keyed by the run: (seed, repeat), repeat 0, 1, ... over the run folders of that seed
+    ppl: dict[str, dict[Run, float]] = field(default_factory=lambda: defaultdict(dict))  # source -> run -> ppl
+    metrics: dict[str, dict[Run, tuple[float, ...]]] = field(default_factory=lambda: defaultdict(dict))  # who -> run
+    # who -> run -> {pool-size bucket: P@2}
+    buckets: dict[str, dict[Run, dict[str, float | None]]] = field(default_factory=lambda: defaultdict(dict))
     gold: set[str] = field(default_factory=set)  # what the metrics' gold holds (exhaustive, or BM25's top-k)
-    train_recall: dict[int, float] = field(default_factory=dict)  # seed -> the run's training recall@K (its log)
-    # source -> seed -> {document index: (NLL sum, predicted tokens)}, for the per-document bootstrap
-    docs: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
-    # ranking -> seed -> {document index: (P@2 sum over its query chunks, query chunks)}, for the metric intervals
-    doc_metrics: dict[str, dict[int, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
-    # source -> seed -> (ppl, token share) over the tokens whose gold was scored, from results evaluated with labels
-    scored: dict[str, dict[int, tuple[float, float]]] = field(default_factory=lambda: defaultdict(dict))
+    train_recall: dict[Run, float] = field(default_factory=dict)  # run -> its training recall@K (its log)
+    # source -> run -> {document index: (NLL sum, predicted tokens)}, for the bootstrap
+    docs: dict[str, dict[Run, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
+    # ranking -> run -> {document index: (P@2 sum over its query chunks, query chunks)}, for the metric intervals
+    doc_metrics: dict[str, dict[Run, dict[int, tuple[float, int]]]] = field(default_factory=lambda: defaultdict(dict))
+    # source -> run -> (ppl, token share) over the tokens whose gold was scored, from results evaluated with labels
+    scored: dict[str, dict[Run, tuple[float, float]]] = field(default_factory=lambda: defaultdict(dict))
     sampled_gold: set[float] = field(default_factory=set)  # query fractions < 1 of the oracle's labels
     label: str = ""
+
+
+def _run_folder(r: dict[str, Any]) -> str:
+    """The run a result was evaluated from: its training run folder (every source of one checkpoint shares it)."""
+    return str(r["config"].get("train", {}).get("out_dir", ""))
 
 
 def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
     settings: dict[tuple, Setting] = {}
     defaults = flat_config(RPTConfig().to_dict())  # a result written before a field existed ran with its default then
+    keyed = []
+    folders: dict[tuple, set[str]] = defaultdict(set)  # (setting, seed) -> its run folders
     for r in results:
         recorded = {**defaults, **flat_config(with_former_defaults(r["config"]))}
         flat = effective_fields(resolve_paths({k: v for k, v in recorded.items()
@@ -164,37 +179,40 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
         if flat["model.variant"] == "memorizing":  # the memory it was evaluated with (`rpt eval --memory-tokens`)
             flat["eval.memory_tokens"] = r["eval"].get("memory_tokens") or flat["model.memory_tokens"]
         k = int(r["eval"]["n_neighbors"])
-        split = r["eval"].get("split")
-        key = (json.dumps(flat, sort_keys=True), r.get("step"), k, split)
+        key = (json.dumps(flat, sort_keys=True), r.get("step"), k, r["eval"].get("split"))
+        seed = int(r["config"]["train"]["seed"])
+        folders[key, seed].add(_run_folder(r))
+        keyed.append((key, flat, k, seed, r))
+    for key, flat, k, seed, r in keyed:
         s = settings.get(key)
         if s is None:
             s = settings[key] = Setting(flat["model.variant"], flat, r.get("step"), k)
-        seed = int(r["config"]["train"]["seed"])
+        run = (seed, sorted(folders[key, seed]).index(_run_folder(r)))  # repeats of a seed: in run-folder order
         source = r["eval"]["source"]
-        if seed in s.ppl[source] and not math.isclose(s.ppl[source][seed], r["total"]["perplexity"], rel_tol=1e-9):
+        if run in s.ppl[source] and not math.isclose(s.ppl[source][run], r["total"]["perplexity"], rel_tol=1e-9):
             raise UserError(f"{r['_path']}: a second, different result for {s.variant} seed {seed} source {source} at "
-                            f"step {s.step} (remove one)")
-        s.ppl[source][seed] = r["total"]["perplexity"]
+                            f"step {s.step} from the same run folder {_run_folder(r)} (remove one)")
+        s.ppl[source][run] = r["total"]["perplexity"]
         if (sc := r["total"].get("scored")) and sc.get("perplexity") is not None:
-            s.scored[source][seed] = (float(sc["perplexity"]), float(sc["token_share"]))
+            s.scored[source][run] = (float(sc["perplexity"]), float(sc["token_share"]))
         if source == "oracle" and float(r["eval"].get("query_fraction") or 1.0) < 1:
             s.sampled_gold.add(float(r["eval"]["query_fraction"]))
         per_doc = {int(d["index"]): (float(d["nll_sum"]), int(d["n_targets"])) for d in r.get("documents", [])
                    if d.get("n_targets")}
         if per_doc:
-            s.docs[source][seed] = per_doc
+            s.docs[source][run] = per_doc
         for who in RANKINGS:
             per_doc_m = {int(d["index"]): (float(d["metrics"][who][METRICS[0]]), int(d["metrics"][who]["n_queries"]))
                          for d in r.get("documents", []) if who in (d.get("metrics") or {})}
             if per_doc_m:
-                s.doc_metrics[who][seed] = per_doc_m
+                s.doc_metrics[who][run] = per_doc_m
         for who, m in (r.get("retrieval") or {}).items():
             if isinstance(m, dict) and all(n in m for n in METRICS):
-                s.metrics[who][seed] = tuple(m[n] for n in METRICS)
+                s.metrics[who][run] = tuple(m[n] for n in METRICS)
                 if m.get("buckets"):
-                    s.buckets[who][seed] = {b: v.get(METRICS[0]) for b, v in m["buckets"].items()}
+                    s.buckets[who][run] = {b: v.get(METRICS[0]) for b, v in m["buckets"].items()}
         if "model" in (r.get("retrieval") or {}) and (rec := training_recall(r)) is not None:
-            s.train_recall[seed] = rec
+            s.train_recall[run] = rec
         if r.get("retrieval"):
             s.gold.add(r["retrieval"].get("gold", "bm25 top-k: only BM25's candidates can be positives"))
     out = list(settings.values())
@@ -264,32 +282,43 @@ def _stats(values: list[float]) -> tuple[float, float, int] | None:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
 
 
-def _ratios(num: dict[int, float], den: dict[int, float]) -> list[float]:
-    return [num[s] / den[s] for s in sorted(set(num) & set(den))]
+def _ratios(num: dict[Run, float], den: dict[Run, float]) -> list[float]:
+    return [num[x] / den[x] for x in sorted(set(num) & set(den))]
 
 
-BOOTSTRAP = 2000  # resamples of the test documents behind each interval
+BOOTSTRAP = 2000  # resamples (of runs and test documents) behind each interval
 BOOTSTRAP_SEED = 0
+PerDoc = dict[Run, dict[int, tuple[float, int]]]  # run -> {document index: (sum, count)}
 
 
-def _resampled_means(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
-                     draws: int, seed: int):
-    """Resample the test documents: ([seeds, draws] pooled mean of a, the same of b, number of documents), where a, b:
-    seed -> {document index: (sum, count)} (NLL and tokens, or a metric and its query chunks); one draw serves every
-    seed and both sides; only seeds and documents on both sides count. None with fewer than two documents."""
+def _resampled_means(a: PerDoc, b: PerDoc, draws: int, rng):
+    """Resample the test documents: ([runs, draws] pooled mean of a, the same of b, number of documents), where a, b:
+    run -> {document index: (sum, count)} (NLL and tokens, or a metric and its query chunks); one document draw
+    serves every run and both sides; only runs and documents on both sides count. None with fewer than two
+    documents."""
     import numpy as np
 
-    seeds = sorted(set(a) & set(b))
-    docs = sorted(set.intersection(*(set(a[x]) & set(b[x]) for x in seeds))) if seeds else []
+    runs = sorted(set(a) & set(b))
+    docs = sorted(set.intersection(*(set(a[x]) & set(b[x]) for x in runs))) if runs else []
     if len(docs) < 2:
         return None
-    arr = np.array([[[*a[x][d], *b[x][d]] for d in docs] for x in seeds], dtype=np.float64)  # [seeds, docs, 4]
-    rng = np.random.default_rng(seed)
+    arr = np.array([[[*a[x][d], *b[x][d]] for d in docs] for x in runs], dtype=np.float64)  # [runs, docs, 4]
     # how often each document is drawn in each resample (n draws with replacement): [draws, docs]
     counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
-    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [seeds, draws, 4]: resampled sums and counts of both sides
+    sums = np.einsum("bd,sdk->sbk", counts, arr)  # [runs, draws, 4]: resampled sums and counts of both sides
     with np.errstate(invalid="ignore", divide="ignore"):
         return sums[..., 0] / sums[..., 1], sums[..., 2] / sums[..., 3], len(docs)
+
+
+def _over_runs(values, rng):
+    """[runs, draws] -> [draws]: each draw's mean over as many runs, drawn with replacement (the bootstrap's outer
+    level: run-to-run spread enters the interval). NaN values (nothing to average in that resample) are left out."""
+    import numpy as np
+
+    n_runs, draws = values.shape
+    pick = rng.integers(0, n_runs, size=(n_runs, draws))  # [runs drawn, draws]
+    with np.errstate(invalid="ignore"):
+        return np.nanmean(np.take_along_axis(values, pick, axis=0), axis=0)
 
 
 def _interval(values, n_docs: int) -> tuple[float, float, int] | None:
@@ -303,33 +332,43 @@ def _interval(values, n_docs: int) -> tuple[float, float, int] | None:
     return float(lo), float(hi), n_docs
 
 
-def bootstrap_ratio(num: dict[int, dict[int, tuple[float, int]]], den: dict[int, dict[int, tuple[float, int]]],
-                    draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
-    """95% interval of the seeds' mean of ppl(num) / ppl(den) under resampling the test documents (module docstring).
-    num, den: seed -> {document index: (NLL sum, tokens)}; only seeds and documents present on both sides count.
-    Returns (low, high, number of documents), or None with fewer than two documents."""
+def bootstrap_ratio(num: PerDoc, den: PerDoc, draws: int = BOOTSTRAP,
+                    seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the runs' mean of ppl(num) / ppl(den) under resampling runs and test documents together
+    (module docstring). num, den: run -> {document index: (NLL sum, tokens)}; only runs and documents present on
+    both sides count. Returns (low, high, number of documents), or None with fewer than two documents."""
     import numpy as np
 
-    if (r := _resampled_means(num, den, draws, seed)) is None:
+    rng = np.random.default_rng(seed)
+    if (r := _resampled_means(num, den, draws, rng)) is None:
         return None
     nll_num, nll_den, n_docs = r
-    return _interval(np.exp(nll_num - nll_den).mean(axis=0), n_docs)
+    return _interval(_over_runs(np.exp(nll_num - nll_den), rng), n_docs)
 
 
-def bootstrap_difference(a: dict[int, dict[int, tuple[float, int]]], b: dict[int, dict[int, tuple[float, int]]],
-                         draws: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
-    """95% interval of the seeds' mean of mean(a) - mean(b) under resampling the test documents, where a, b: seed ->
-    {document index: (metric sum over its query chunks, query chunks)} and each side's mean is its resampled sum over
-    its resampled count (the pooled, "micro" mean of rpt.eval.metrics). Only seeds and documents on both sides count.
-    Returns (low, high, number of documents), or None with fewer than two documents."""
-    if (r := _resampled_means(a, b, draws, seed)) is None:
+def bootstrap_difference(a: PerDoc, b: PerDoc, draws: int = BOOTSTRAP,
+                         seed: int = BOOTSTRAP_SEED) -> tuple[float, float, int] | None:
+    """95% interval of the runs' mean of mean(a) - mean(b) under resampling runs and test documents together, where
+    a, b: run -> {document index: (metric sum over its query chunks, query chunks)} and each side's mean is its
+    resampled sum over its resampled count (the pooled, "micro" mean of rpt.eval.metrics). Only runs and documents on
+    both sides count. Returns (low, high, number of documents), or None with fewer than two documents."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if (r := _resampled_means(a, b, draws, rng)) is None:
         return None
     mean_a, mean_b, n_docs = r
-    return _interval((mean_a - mean_b).mean(axis=0), n_docs)
+    return _interval(_over_runs(mean_a - mean_b, rng), n_docs)
 
 
-def _means(per_doc: dict[int, dict[int, tuple[float, int]]]) -> dict[int, float]:
-    """seed -> the pooled mean of the per-document (sum, count) pairs."""
+def _n_docs(*sides: PerDoc) -> int:
+    """Documents common to every run of every side (what a bootstrap would resample)."""
+    sets = [set(d) for side in sides for d in side.values()]
+    return len(set.intersection(*sets)) if sets else 0
+
+
+def _means(per_doc: PerDoc) -> dict[Run, float]:
+    """run -> the pooled mean of the per-document (sum, count) pairs."""
     return {x: sum(v for v, _ in d.values()) / n for x, d in per_doc.items() if (n := sum(c for _, c in d.values()))}
 
 
@@ -383,7 +422,10 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         src = default_source(s.variant)
         own = s.ppl.get(src, {})
         row: dict[str, Any] = {"label": s.label, "variant": s.variant, "step": s.step, "k": s.k, "source": src,
-                               "seeds": sorted(own), "ppl": _stats(list(own.values()))}
+                               "seeds": sorted({seed for seed, _ in own}), "runs": len(own),
+                               "ppl": _stats(list(own.values()))}
+        if 0 < _n_docs(*(s.docs.get(x, {}) for x in (src, "none") if s.docs.get(x))) < 2:
+            row["one_document"] = True  # no interval: one document cannot be resampled
         xl = xl_for(s)
         if xl is not None and xl is not s:
             row["vs_xl"] = _stats(_ratios(own, xl.ppl.get("none", {})))
@@ -445,9 +487,16 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             if domain in PAPER_METRICS and s.variant in PAPER_METRICS[domain]:
                 row["paper"]["metrics"] = PAPER_METRICS[domain][s.variant]
         rows.append(row)
-    return {"domain": domain, "rows": rows,
-            "note": "mean ± sd over seeds (n); gains and vs-xl ratios are paired per seed; an ordering holds only where "
-                    "the gap exceeds the spread; [low, high]: 95% interval from resampling the test documents "
+    from rpt.eval.perplexity import environment
+
+    envs: list[dict[str, Any]] = []
+    for r in results:  # the machines and versions behind the results, each once (a rerun must match them)
+        if (e := r.get("environment")) and e not in envs:
+            envs.append(e)
+    return {"domain": domain, "rows": rows, "environment": environment(), "result_environments": envs,
+            "note": "mean ± sd over runs (n: runs; a seed trained again in another folder is one more run); gains and "
+                    "vs-xl ratios are paired per run; an ordering holds only where the gap exceeds the spread; "
+                    "[low, high]: 95% interval from resampling runs and test documents together "
                     f"({BOOTSTRAP} draws; an interval containing 1 does not support a difference)"}
 
 
@@ -507,8 +556,9 @@ def to_markdown(table: dict[str, Any]) -> str:
         head += [f"paper ({table['domain']})", "paper oracle"] + (["paper DPR"] if dpr else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
-        n = len(r["seeds"])
-        cells = [r["label"], str(n), _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n) + _ci(r.get("vs_xl_ci")),
+        n = r.get("runs", len(r["seeds"]))
+        runs = str(n) if n == len(r["seeds"]) else f"{n} ({len(r['seeds'])} seeds)"
+        cells = [r["label"], runs, _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n) + _ci(r.get("vs_xl_ci")),
                  _fmt(r.get("none"), n_row=n), _fmt(r.get("gain"), 3, n_row=n) + _ci(r.get("gain_ci")),
                  _fmt(r.get("oracle"), n_row=n) + ("¹" if r.get("oracle_scope") else ""),
                  _fmt(r.get("oracle_gain"), 3, n_row=n)]
@@ -566,6 +616,14 @@ def to_markdown(table: dict[str, Any]) -> str:
             for r in against:
                 cells = [_fmt(r.get(f"p2_vs_{w}"), pct=True) + _ci_points(r.get(f"p2_vs_{w}_ci")) for w in AGAINST]
                 lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    if one := [r["label"] for r in table["rows"] if r.get("one_document")]:
+        lines += ["", f"No interval for {', '.join(one)}: the results hold one test document, and an interval "
+                  "resamples documents (one cannot be resampled); the spread over runs is the ± beside the mean."]
+    if envs := table.get("result_environments"):
+        lines += ["", "Results from: " + "; ".join(
+            f"{e.get('machine')}, {e.get('cpu_count')} CPUs, {e.get('threads')} threads"
+            + (f", {e['gpu']}" if e.get("gpu") else "")
+            + f", torch {e.get('torch')}, Python {e.get('python')}, rpt {e.get('rpt')}" for e in envs) + "."]
     lines += ["", table["note"]]
     return "\n".join(lines)
 

@@ -50,6 +50,8 @@ def test_end_to_end_with_metrics_plots_and_baseline(setup, tmp_path, capsys):
     assert t["perplexity"] == pytest.approx(math.exp(sum(d["nll_sum"] for d in docs) / t["n_targets"]))
     assert t["peak_memory_bytes"] == max(d["memory_bytes"] for d in docs) > 0
     assert 0 < t["scored"]["n_targets"] == sum(d["scored"]["n_targets"] for d in docs) < t["n_targets"]
+    env = r["environment"]  # what a rerun must match: machine, threads, versions
+    assert env["threads"] >= 1 and env["rpt"] and env["torch"] and env["python"] and env["platform"] and env["cpu_count"]
     assert all(len(d["chunks"]["neighbors"][0]) == 3 for d in docs)  # --baseline turned per-chunk data on
     for name in ("model", "bm25"):
         m = r["retrieval"][name]
