@@ -381,10 +381,6 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
         from rpt.retrofit import apply_backbone
 
         apply_backbone(doc, set(values))
-    if doc.get("model", {}).get("backbone"):  # a retrofit: the backbone's shape (rpt/retrofit.py)
-        from rpt.retrofit import apply_backbone
-
-        apply_backbone(doc, set(values))
     if doc.get("preset") and "vocab_size" not in doc.get("model", {}):
         from rpt.train.loop import store_vocab
 

@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,13 @@ def prune(out_dir: str | Path, keep_last: int) -> None:
     if keep_last <= 0:
         return
     for p in list_checkpoints(out_dir)[:-keep_last]:
-        shutil.rmtree(p, ignore_errors=True)
+        # renamed out of sight first: a reader listing the run meanwhile never meets a half-deleted checkpoint
+        gone = p.with_name(f".{p.name}.old")
+        try:
+            os.replace(p, gone)
+        except OSError:
+            continue
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -338,7 +345,7 @@ def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], o
          cfg: RPTConfig, rng: list[dict[str, Any]], data: dict[str, Any], metrics: dict[str, Any] | None = None,
          keep_last: int = 0) -> Path:
     """Write a checkpoint atomically (rank 0 only), then prune old ones. Returns the final folder."""
-    import rpt
+    from rpt.version import __version__
 
     final = step_path(out_dir, step)
     tmp = final.with_name(f".{final.name}.tmp")
@@ -357,7 +364,7 @@ def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], o
         cfg.to_yaml(writing)
         writing = tmp / "state.json"
         write_json_atomic(writing, {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
-                                    "rpt_version": rpt.__version__, "files": file_records(tmp)})
+                                    "rpt_version": __version__, "files": file_records(tmp)})
     except Exception as e:  # a full disk: OSError, or the writer's own error around it (safetensors, torch)
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would only take more space
         if not isinstance(e, (OSError, RuntimeError)) and "SafetensorError" not in type(e).__name__:
@@ -413,8 +420,22 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     if p.is_dir() and (newest := latest_intact(p, MODEL_FILES)) is not None:
         return newest
+    if not p.exists():
+        raise UserError(f"no checkpoint at {path}: {missing_checkpoint(p)}")
     raise UserError(f"no checkpoint at {path}: expected a checkpoint folder holding model.safetensors, or a run folder "
                     "with checkpoints/step_*/")
+
+
+def missing_checkpoint(path: str | Path) -> str:
+    """Why `path` names no checkpoint, with the checkpoints that exist near it (a mistyped step, say)."""
+    p = Path(path)
+    for run in (p.parent.parent, p.parent):
+        found = [c.name for c in list_checkpoints(run)] if run != p else []
+        if found:
+            shown = ", ".join(found[-5:])
+            return (f"no such file or folder; the checkpoints of {run} are {shown} (its folder {run} reads the "
+                    "newest)")
+    return "no such file or folder"
 
 
 def checkpoint_config(folder: Path) -> RPTConfig:
@@ -430,6 +451,27 @@ def load_model(path: str | Path, device: torch.device | str = "cpu",
     weights and the config, never the optimiser state. `memory_tokens` (memorizing only) builds the model with a kNN
     memory of that size instead of the trained one (no weight depends on it); the returned config stays the
     checkpoint's, so it still says what the model was trained with, and `model.cfg` holds the size used."""
+    for attempt in range(_READ_TRIES):
+        try:
+            return _load_model(path, device, memory_tokens)
+        except (FileNotFoundError, DamagedCheckpoint, UserError):
+            # a run being trained rotates its checkpoints: the newest may be replaced while it is read; read the run
+            # again (a checkpoint named explicitly is not retried: that one is what the caller asked for)
+            if attempt == _READ_TRIES - 1 or not _is_run(path):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+_READ_TRIES = 5
+
+
+def _is_run(path: str | Path) -> bool:
+    return checkpoint_dir(path).is_dir()
+
+
+def _load_model(path: str | Path, device: torch.device | str,
+                memory_tokens: int | None) -> tuple[torch.nn.Module, RPTConfig]:
     from rpt.model.registry import build_model
 
     folder = resolve_checkpoint(path)

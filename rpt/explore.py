@@ -510,6 +510,7 @@ class _Renderer:
                     '<option value="model-miss">model missed the positives</option>'
                     '<option value="bm25-better">BM25 hit, model missed</option></select></label></div>')
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                "<meta name=\"generator\" content=\"rpt explore\">"
                 f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
                 f"<style>{_CSS}</style></head><body><header><h1>{html.escape(title)}</h1><dl class=\"meta\">{dl}</dl>"
                 f"<p class=\"legend\">{legend}</p><p class=\"stats\">{html.escape(' · '.join(stats))}</p></header>"

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.utils import RPTWarning, UserError, argument_error
 
 ARG = "RUN_OR_CHECKPOINT"  # the CLI's name for argument `path`
@@ -138,21 +139,34 @@ def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]],
     return "\n".join(lines)
 
 
+def _is_export(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == "rpt"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
+
+
+# What `rpt export` writes (rpt.outputs): a Hugging Face folder
+OWNER = Owner("export", ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json",
+                         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md", "*.py",
+                         "LICENSE*", ".*.tmp"), _is_export)
+
+
 def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     """Write the checkpoint at `path` (a checkpoint folder, its model.safetensors, or a run folder: its newest
-    checkpoint) as a Hugging Face folder at `out`; returns `out`. `force` replaces an existing non-empty `out`."""
-    from rpt.checkpoint import read_state
+    checkpoint) as a Hugging Face folder at `out`; returns `out`. `force` replaces an earlier export at `out`; a
+    folder holding anything else, or the checkpoint itself, is refused."""
+    from rpt.checkpoint import missing_checkpoint, read_state
     from rpt.generate import load_checkpoint
     from rpt.hf import RPTForCausalLM, hf_tokenizer
     from rpt.model.registry import spec
 
     path, out = Path(path), Path(out)
     if not path.exists():
-        raise argument_error("path", path, "no such file or folder")
-    if out.exists() and not out.is_dir():
-        raise argument_error("out", out, "is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise argument_error("out", out, "exists and is not empty (pass {force=True} to replace it)")
+        raise argument_error("path", path, missing_checkpoint(path))
+    # before any work: never over a folder of the user's, nor the run or checkpoint being exported
+    if claim_folder(out, OWNER, arg="out", inputs={"path": path}) and not force:
+        raise argument_error("out", out, "holds an earlier export (pass {force=True} to replace it)")
     try:
         model, cfg, tok, folder = load_checkpoint(path)
     except UserError as e:
@@ -187,6 +201,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
+        mark_folder(tmp, OWNER)
         hf.save_pretrained(tmp)
         if tok is not None:
             hf_tokenizer(tok).save_pretrained(tmp)
@@ -195,6 +210,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise argument_error("out", out, f"cannot write it ({e.strerror or e})") from None
     if out.exists():
+        claim_folder(out, OWNER, arg="out")  # still only an export (checked again: the work took a while)
         old = out.with_name(f".{out.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpt.utils import argument_error
+from rpt.utils import argument_error, write_json_atomic
 
 MARK = ".rpt-output.json"
 
@@ -95,14 +94,18 @@ def _contains(folder: Path, path: Path) -> bool:
     return folder == path or folder in path.parents
 
 
-def check_not_input(path: str | Path, arg: str, inputs: Mapping[str, str | Path | None],
+def check_not_input(path: str | Path, arg: str, inputs: Mapping[str, Any],
                     inside_ok: Iterable[str] = ()) -> None:
     """Refuse an output `path` that is one of `inputs` (argument name -> path), holds one, or lies inside an input
-    folder (unless that input's name is in `inside_ok`: labels live inside their token store)."""
+    folder (unless that input's name is in `inside_ok`: labels live inside their token store). A value may be a list of
+    paths."""
     out = _real(Path(path))
     inside_ok = set(inside_ok)
-    for name, value in inputs.items():
-        if value is None or str(value) == "":
+    pairs = [(name, v) for name, value in inputs.items()
+             for v in (value if isinstance(value, (list, tuple)) else [value])]
+    for name, value in pairs:
+        value = getattr(value, "path", value)  # a TokenStore, a LabelStore: their folder
+        if not isinstance(value, (str, os.PathLike)) or str(value) == "":
             continue
         src = _real(Path(value))
         if _contains(out, src):
@@ -127,7 +130,7 @@ def _listing(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def claim_folder(path: str | Path, owner: Owner, *, arg: str = "out", inputs: Mapping[str, str | Path | None] = {},
+def claim_folder(path: str | Path, owner: Owner, *, arg: str = "out", inputs: Mapping[str, Any] = {},
                  inside_ok: Iterable[str] = ()) -> bool:
     """Check, before any work, that `owner`'s verb may write the folder `path`; True when it holds an earlier output
     of that verb (to resume, reuse or, with --force, replace), False when it is new or empty.
@@ -170,6 +173,15 @@ def mark_folder(folder: str | Path, owner: Owner) -> None:
         write_json(folder / MARK, {"verb": owner.verb, "rpt": __version__}, verb=owner.verb)
 
 
+# The folders of the experiment verbs: trees of stores, runs and results of their own
+SWEEP = Owner("sweep", ("*-seed*", "eval", "compare.json", "compare.md", "commands.txt", ".*.tmp", ".*.lock"),
+              lambda f: (f / "commands.txt").is_file() or any(r.is_dir() for r in f.glob("*-seed*")))
+COPYTEST = Owner("copytest", ("stores", "runs", "copytest*.json", ".*.tmp", ".*.lock"),
+                 lambda f: (f / "stores").is_dir() or (f / "runs").is_dir())
+DEMO = Owner("demo", ("copy", "results", ".*.tmp", ".*.lock"), lambda f: (f / "copy").is_dir())
+
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Files
 
@@ -195,6 +207,8 @@ def written_by(path: str | Path) -> str | None:
             return None
         if isinstance(obj, dict) and str(obj.get("written_by", "")).startswith("rpt"):
             return str(obj["written_by"])
+        if isinstance(obj, dict) and {"checkpoint", "split", "perplexity"} <= obj.keys():
+            return "rpt eval"  # a result of a version that did not sign its files
         return None
     for tag in ('<meta name="generator" content="', "<!-- written by "):
         i = text.find(tag)
@@ -203,39 +217,15 @@ def written_by(path: str | Path) -> str | None:
     return None
 
 
-def claim_file(path: str | Path, verb: str, *, arg: str = "out", inputs: Mapping[str, str | Path | None] = {}) -> Path:
+def claim_file(path: str | Path, verb: str, *, arg: str = "out", inputs: Mapping[str, Any] = {}) -> Path:
     """Check, before any work, that `verb` may write the file `path`: writable (`check_writable`), not an input,
     and, if it exists, written by rpt (then it is replaced). Returns it as a Path."""
     path = check_writable(path, arg, kind="file")
-    check_not_input(path, arg, inputs)
+    check_not_input(path, arg, inputs, inside_ok=inputs.keys())  # a result may go beside what it was made from
     if path.exists() and written_by(path) is None:
         raise argument_error(arg, path, f"exists and was not written by rpt: `rpt {verb}` replaces only its own "
                              "files; choose another path or move it away", ValueError)
     return path
-
-
-def strict(obj: Any) -> Any:
-    """`obj` with every non-finite float (NaN, +-Infinity: not JSON) as None, numpy scalars and arrays as Python
-    values, paths as strings."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v) for v in obj]
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if isinstance(obj, Path):
-        return str(obj)
-    tolist = getattr(obj, "tolist", None)  # numpy and torch scalars and arrays
-    if callable(tolist):
-        return strict(tolist())
-    return str(obj)
-
-
-def dumps(obj: Any, indent: int | None = 2) -> str:
-    """Strict JSON (no NaN or Infinity: they become null)."""
-    return json.dumps(strict(obj), indent=indent, allow_nan=False)
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -252,8 +242,6 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def write_json(path: str | Path, obj: Any, verb: str | None = None) -> Path:
-    """Strict JSON written atomically; `verb` adds ``"written_by": "rpt <verb>"`` to a dict, so that the file can be
-    replaced later by `claim_file`."""
-    if verb is not None and isinstance(obj, dict) and "written_by" not in obj:
-        obj = {"written_by": f"rpt {verb}", **obj}
-    return write_text(path, dumps(obj) + "\n")
+    """Strict JSON written atomically (`rpt.utils.write_json_atomic`); `verb` marks a dict as written by that verb."""
+    write_json_atomic(path, obj, verb)
+    return Path(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import importlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -159,12 +160,43 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     return path
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def strict(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, +-Infinity: not JSON) as None, numpy scalars and arrays as Python
+    values, paths as strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    tolist = getattr(obj, "tolist", None)  # numpy and torch scalars and arrays
+    if callable(tolist):
+        return strict(tolist())
+    return str(obj)
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """Strict JSON (no NaN or Infinity: they become null)."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False)
+
+
+def write_json_atomic(path: str | Path, obj: Any, verb: str | None = None) -> None:
+    """Strict JSON (`dumps`) written to a temporary sibling, then renamed into place; `verb` adds
+    ``"written_by": "rpt <verb>"`` to a dict, so that a later run may replace the file (rpt.outputs.claim_file)."""
     path = Path(path)
+    if verb is not None and isinstance(obj, dict) and "written_by" not in obj:
+        obj = {"written_by": f"rpt {verb}", **obj}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(dumps(obj) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:

@@ -102,7 +102,7 @@ def _scale(args: argparse.Namespace) -> int:
                     compile_modes={"off": (False,), "on": (True,), "both": (False, True)}[args.compile],
                     overrides=_overrides(args))
     print(format_scale(r))
-    write_json_atomic(args.out, {"machine": info, "scale": r})
+    write_json_atomic(args.out, {"machine": info, "scale": r}, "bench")
     print(f"\nresults: {args.out}")
     return 0
 
@@ -147,7 +147,7 @@ def _kernels(args: argparse.Namespace) -> int:
     unfused = sorted({f"{r['variant']}: {row['site']} ({phase})" for r in rows for phase in ("train", "eval")
                       for row in r.get(phase, []) if not row["fused"]})
     print("\nunfused (math path or direct): " + ("; ".join(unfused) if unfused else "none"))
-    write_json_atomic(args.out, {"machine": info, "kernels": rows})
+    write_json_atomic(args.out, {"machine": info, "kernels": rows}, "bench")
     print(f"\nresults: {args.out}")
     return 0
 
@@ -160,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.device = str(resolve_device(args.device))
+    from rpt.outputs import claim_file
+
+    claim_file(args.out, "bench")  # before any work: never over a file of the user's
     if args.kernels:
         return _kernels(args)
     if args.scale:

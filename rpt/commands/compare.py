@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 HELP = "tabulate `rpt eval` results like the paper's Tables 2-4: every setting over its seeds (mean ± sd), retrieval " \
        "gain, oracle, retrieval metrics, the paper's figure beside it"
@@ -33,13 +32,17 @@ def _step(text: str) -> int | str:
 
 def run(args: argparse.Namespace) -> int:
     from rpt.experiments.compare import compare, load_results, to_markdown
+    from rpt.outputs import claim_file, write_text
     from rpt.utils import write_json_atomic
 
+    for arg in ("out", "markdown"):  # before any work: never over a file of the user's, nor a result being read
+        if getattr(args, arg):
+            claim_file(getattr(args, arg), "compare", arg=arg, inputs={"results": list(args.results)})
     table = compare(load_results(args.results), args.paper, args.step)
     text = to_markdown(table)
     print(text)
     if args.out:
-        write_json_atomic(args.out, table)
+        write_json_atomic(args.out, table, "compare")
     if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+        write_text(args.markdown, "<!-- written by rpt compare -->\n" + text + "\n")
     return 0

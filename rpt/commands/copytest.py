@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
                               **overrides)
     except ValueError as e:
         raise UserError(str(e)) from None
+    from rpt.outputs import COPYTEST, claim_folder
+
+    claim_folder(args.out, COPYTEST)  # before any work: never into a folder of the user's
     summary = run_copytest(s)
     print(f"wrote {summary['path']}")
     return 0 if summary["verdict"]["passed"] else 1

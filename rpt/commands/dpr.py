@@ -6,6 +6,7 @@ import argparse
 
 HELP = "train a DPR-style dual encoder (App. C: BM25 rank 1 positive, rank 5 hard negative) to swap in at evaluation " \
        "(rpt eval --source dpr --retriever FOLDER)"
+FLAGS = {"out_dir": "--out"}  # argument -> flag (rpt.utils.ArgumentError)
 ORDER = 47
 
 

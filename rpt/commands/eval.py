@@ -153,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
         src = args.source or default_source(checkpoint_config(folder).model.variant)
         mem = f"-mem{args.memory_tokens}" if args.memory_tokens else ""
         out = folder / f"eval-{args.split}-{src}-k{args.neighbors}{mem}.json"
+    from rpt.outputs import claim_file
+
+    # before any work: never over a file of the user's, nor one of the inputs
+    claim_file(out, "eval", inputs={"checkpoint": args.checkpoint, "store": args.store, "labels": args.labels,
+                                    "compare": list(args.compare)})
     result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
                       labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
                       with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,

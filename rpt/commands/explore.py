@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from rpt.outputs import claim_file, write_text
+
+    claim_file(args.out, "explore", inputs={"checkpoint": args.checkpoint})  # before any work
     from rpt.api import load_model
     from rpt.cli import UserError
     from rpt.config import check_neighbors
@@ -161,10 +164,6 @@ def run(args: argparse.Namespace) -> int:
                            n_neighbors=args.neighbors, chunks=chunks, compare=compare,
                            memory=memory_factory(args.memory, device))
     page = render_html(exp, tok, title=f"RPT retrieval explorer — {meta['document']}", meta=meta)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    out = write_text(args.out, page)
     print(f"wrote {out} ({len(exp.queries)} query chunks, {len(page) / 1e6:.1f} MB)")
     return 0

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
 HELP = "continue prompts with a checkpoint, retrieving from the prompt and the generated text at every chunk"
 ORDER = 50
@@ -111,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     from rpt.api import encode_prompts, load_model
     from rpt.generate import ChunkEvent, TokenEvent, generate, memory_factory
 
+    if args.json:  # before any work: never over a file of the user's
+        from rpt.outputs import claim_file
+
+        claim_file(args.json, "generate", arg="json", inputs={"checkpoint": args.checkpoint})
     cfg = sampling_config(args)
     prompts = read_prompts(args)
     device = str(resolve_device(args.device))
@@ -154,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from dataclasses import asdict
 
+        from rpt.utils import write_json_atomic
+
         out = [{"prompt": p, **asdict(g)} for p, g in zip(prompts, results, strict=True)]
-        Path(args.json).write_text(json.dumps({"checkpoint": str(loaded.path), "variant": loaded.config.model.variant,
-                                               "chunk_size": M, "results": out}, indent=1))
+        write_json_atomic(args.json, {"checkpoint": str(loaded.path), "variant": loaded.config.model.variant,
+                                      "chunk_size": M, "results": out}, "generate")
     return 0

@@ -448,7 +448,7 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
         results["labels"] = run_benchmark(sizes=label_sizes, device=dev)
         print(format_report(results["labels"]), flush=True)
     if out is not None:
-        write_json_atomic(out, results)
+        write_json_atomic(out, results, "bench")
     return results
 
 

@@ -66,6 +66,7 @@ from torch import nn
 
 from rpt.chunks import chunks_per_segment, last_retrievable
 from rpt.model.layers import Attention, RMSNorm, SwiGLU, init_weights, rotary_cos_sin
+from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.utils import MissingDependency, UserError, error_line, require, resolve_device, write_json_atomic
 
 FORMAT_VERSION = 1
@@ -180,6 +181,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# What a DPR retriever folder holds (rpt.outputs)
+OWNER = Owner("dpr", (CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, ".*.tmp"), lambda f: (f / CONFIG_FILE).is_file())
+
+
 def _publish(tmp: Path, final: Path) -> None:
     """Rename a finished temporary folder into place; an existing folder is moved aside first, then deleted."""
     if final.exists():
@@ -193,17 +198,11 @@ def _publish(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def _check_replaceable(folder: Path, overwrite: bool) -> None:
-    """Refuse to replace anything but an empty folder or a DPR retriever folder (and that one only when asked)."""
-    if not folder.exists():
-        return
-    if not folder.is_dir():
-        raise UserError(f"{folder} exists and is not a folder: choose another output folder")
-    if any(folder.iterdir()):
-        if not (folder / CONFIG_FILE).is_file():
-            raise UserError(f"{folder} exists and is not a DPR retriever folder: choose another output folder")
-        if not overwrite:
-            raise UserError(f"{folder} already holds a DPR retriever: choose another folder, or overwrite it")
+def _check_replaceable(folder: Path, overwrite: bool, inputs: dict[str, Any] | None = None) -> None:
+    """Refuse to write anywhere but a new or empty folder or a DPR retriever folder (that one only when asked), and
+    never over an input (rpt.outputs)."""
+    if claim_folder(folder, OWNER, arg="out_dir", inputs=inputs or {}) and not overwrite:
+        raise UserError(f"{folder} already holds a DPR retriever: choose another folder, or overwrite it")
 
 
 class ChunkRetriever(nn.Module):
@@ -310,6 +309,7 @@ class DPRRetriever(ChunkRetriever):
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         self._write(tmp)
+        mark_folder(tmp, OWNER)
         _publish(tmp, folder)
         self.name = str(folder)
         return folder
@@ -642,13 +642,13 @@ def train_dpr(store, out_dir: str | Path, *, steps: int = 2000, batch_size: int 
     """
     from tqdm.auto import tqdm
 
-    import rpt
+    from rpt.version import __version__
 
     out = Path(out_dir)
     if steps < 1 or batch_size < 2 or not lr > 0 or log_every < 1 or heldout < 0 or grad_clip < 0:
         raise UserError(f"train_dpr: need steps >= 1, batch_size >= 2, lr > 0, log_every >= 1, heldout >= 0 and "
                         f"grad_clip >= 0 (got {steps}, {batch_size}, {lr}, {log_every}, {heldout}, {grad_clip})")
-    _check_replaceable(out, overwrite)
+    _check_replaceable(out, overwrite, {"store": store})
     tokens_store = _open_store(store, split)
     M = tokens_store.chunk_size
     try:
@@ -747,9 +747,10 @@ def train_dpr(store, out_dir: str | Path, *, steps: int = 2000, batch_size: int 
                      "max_documents": max_documents, "n_documents": pairs.n_documents, "n_queries": pairs.n_queries,
                      "n_pairs": len(pairs), "n_train_pairs": len(train), "device": str(dev),
                      "n_parameters": model.n_parameters(), "seconds": round(time.perf_counter() - t0, 3),
-                     "rpt_version": rpt.__version__, "metrics": metrics}}
+                     "rpt_version": __version__, "metrics": metrics}}
     state_device = model.device
     model.to("cpu")._write(tmp)
+    mark_folder(tmp, OWNER)
     model.to(state_device)
     _publish(tmp, out)
     model.name = str(out)
