@@ -282,3 +282,12 @@ def test_rows_and_markdown_carry_the_document_intervals():
     md = to_markdown(compare(rs))
     assert "own vs random" in md and f"[{sem['gain_ci'][0]:.3f}, {sem['gain_ci'][1]:.3f}]" in md
     assert "resampling runs and test documents together" in md
+
+
+def test_the_papers_figures_beside_another_corpus_are_marked_not_comparable():
+    rs = [result("xl", 0, "none", 100.0, data__corpus="pari"), result("xl", 1, "none", 104.0, data__corpus="pari")]
+    table = compare(rs, "arxiv")
+    assert table["paper_note"].startswith("Not comparable: these results are on pari, not the paper's arxiv dataset")
+    assert to_markdown(table).startswith("Not comparable: these results are on pari")
+    same = [result("xl", 0, "none", 100.0, data__corpus="hf:codeparrot")]
+    assert compare(same, "code")["paper_note"] is None and compare(rs)["paper_note"] is None  # no --paper: no note

@@ -71,6 +71,8 @@ PAPER: dict[str, dict[str, Any]] = {
     "RPT-Lex w. DPR-style retriever": {"ppl": (2.84, 2.26, 11.11, 14.17)},
     "RPT-Sem w. DPR-style retriever": {"ppl": (2.98, 2.33, 11.62, 14.66)},
 }
+# the corpus of each of the paper's datasets, as a `rpt prepare --corpus` spec names it (a substring of data.corpus)
+PAPER_CORPORA = {"arxiv": "proof-pile", "code": "codeparrot", "pg19": "pg19", "books3": "books3"}
 # Table 3: retrieval metrics on Code (BM25, RPT-Lex, RPT-Sem)
 PAPER_METRICS = {"code": {"bm25": (0.29, 0.53, 0.25), "rpt-lex": (0.26, 0.52, 0.23), "rpt-sem": (0.34, 0.56, 0.30)},
                  "arxiv": {"bm25": (0.27, 0.55, 0.24), "rpt-lex": (0.26, 0.54, 0.24), "rpt-sem": (0.32, 0.58, 0.30)},
@@ -489,11 +491,18 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         rows.append(row)
     from rpt.eval.perplexity import environment
 
+    note = None
+    if domain is not None:
+        corpora = sorted({str(r["config"].get("data", {}).get("corpus") or "?") for r in results})
+        if other := [c for c in corpora if PAPER_CORPORA[domain] not in c.lower()]:
+            note = (f"Not comparable: these results are on {', '.join(other)}, not the paper's {domain} dataset "
+                    f"({PAPER_CORPORA[domain]}), with other models and budgets; the paper's figures stand beside them "
+                    "for reference only.")
     envs: list[dict[str, Any]] = []
     for r in results:  # the machines and versions behind the results, each once (a rerun must match them)
         if (e := r.get("environment")) and e not in envs:
             envs.append(e)
-    return {"domain": domain, "rows": rows, "environment": environment(), "result_environments": envs,
+    return {"domain": domain, "paper_note": note, "rows": rows, "environment": environment(), "result_environments": envs,
             "note": "mean ± sd over runs (n: runs; a seed trained again in another folder is one more run); gains and "
                     "vs-xl ratios are paired per run; an ordering holds only where the gap exceeds the spread; "
                     "[low, high]: 95% interval from resampling runs and test documents together "
@@ -554,7 +563,8 @@ def to_markdown(table: dict[str, Any]) -> str:
     head += ["ppl, DPR neighbours"] if dpr else []
     if paper:
         head += [f"paper ({table['domain']})", "paper oracle"] + (["paper DPR"] if dpr else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [table["paper_note"], ""] if table.get("paper_note") else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table["rows"]:
         n = r.get("runs", len(r["seeds"]))
         runs = str(n) if n == len(r["seeds"]) else f"{n} ({len(r['seeds'])} seeds)"
