@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rpt.utils import UserError, argument_error
+from rpt.utils import UserError, argument_error, checked
 
 if TYPE_CHECKING:
     import torch
@@ -54,14 +54,17 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @checked
     def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 200, **options) -> str | list[str]:
         """Continue `prompt` (text; a list of texts gives a list): `rpt.generate` with this model."""
         return generate(self, prompt, max_new_tokens=max_new_tokens, **options)
 
+    @checked
     def evaluate(self, store_or_documents, **options):
         """Perplexity over a token store's split or a list of documents: `rpt.evaluate` with this model."""
         return evaluate(self, store_or_documents, **options)
 
+    @checked
     def export(self, out: str | Path, force: bool = False) -> Path:
         """Write this checkpoint as a Hugging Face folder (`rpt.export.export`); returns `out`."""
         from rpt.export import export
@@ -108,6 +111,7 @@ def is_exported(path: str | Path) -> bool:
         return False
 
 
+@checked
 def load(path: str | Path, device: str | None = None, *, tokenizer: str | Path | None = None,
          allow_other_tokenizer: bool = False) -> LoadedModel:
     """A trained model with its tokenizer and config, in eval mode on `device` (default: cuda when available).
@@ -171,6 +175,7 @@ def _loaded(model_or_path: Any, device: str | None = None, tokenizer: Any = None
 # generation
 
 
+@checked
 def generate(model: Any, prompt: str | Sequence[str], *, max_new_tokens: int = 200, greedy: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, stop_at_eos: bool = False,
              n_neighbors: int | None = None, ragged: str = "separate", memory: str = "auto", device: str | None = None,
@@ -269,6 +274,7 @@ class DocumentList:
                                      f"[0, {vocab_size})")
 
 
+@checked
 def evaluate(model: Any, store_or_documents: str | Path | Sequence[str] | Sequence[Sequence[int]], *,
              split: str = "test", n_neighbors: int = 2, source: str | None = None, labels: str | Path | None = None,
              max_documents: int = 0, memory: str = "auto", with_metrics: bool = False, per_chunk: bool = False,
@@ -298,6 +304,7 @@ def evaluate(model: Any, store_or_documents: str | Path | Sequence[str] | Sequen
 # data and training
 
 
+@checked
 def prepare(source: str | Path, out: str | Path, *, tokenizer: str = "bpe:8192", chunk_size: int = 64,
             splits: Sequence[str] | None = None, max_documents: int | None = None, min_chunks: int = 2,
             force: bool = False, progress: bool = False) -> PrepareSummary:
@@ -393,6 +400,7 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
     return RPTConfig.from_yaml(yaml.safe_dump(doc, sort_keys=False))
 
 
+@checked
 def train(config: str | Path | RPTConfig, store: str | Path | None = None, out: str | Path | None = None, *,
           labels: str | Path | None = None, resume: bool = True, device: str | None = None,
           stop_after: int | None = None, progress: bool = False, memory_check: bool = True,

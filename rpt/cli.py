@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (getattr(args, "threads", None) or 0) < 0:  # every verb with --threads; 0 or absent = torch's choice
             raise UserError(f"--threads must be a number of CPU threads (0: torch's choice), not {args.threads}")
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart
+        return code
     except (UserError, ConfigError, rpt.utils.MissingDependency, FileNotFoundError, ValueError) as e:
         # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument; an
         # ArgumentError names the verb's flag (its module's FLAGS: argument -> flag where they differ)

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
-from rpt.utils import load_yaml
+from rpt.utils import load_yaml, short_repr
 
 VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin")
 Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
@@ -525,7 +525,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         return from_dict(tp, value, prefix=key)
     if origin is Literal:
         if value not in get_args(tp):
-            raise ConfigError(f"{key}={value!r} is not one of {list(get_args(tp))}")
+            raise ConfigError(f"{key}={short_repr(value)} is not one of {list(get_args(tp))}")
         return value
     if origin in (typing.Union, types.UnionType):
         for arg in get_args(tp):
@@ -533,7 +533,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
                 return _check(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}={value!r} matches none of {get_args(tp)}")
+        raise ConfigError(f"{key}={short_repr(value)} matches none of {get_args(tp)}")
     if tp is type(None):
         if value is not None:
             raise ConfigError(f"{key} must be null")
@@ -546,7 +546,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         value = _as_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key} must be a number, got {type(value).__name__} {short_repr(value)}")
         return float(value)
     if tp is int:
         value = _as_number(value)
@@ -554,7 +554,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
             value = int(value)  # 1e4 steps
     if tp is int or tp is bool or tp is str:
         if type(value) is not tp:
-            raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {short_repr(value)}")
         return value
     raise ConfigError(f"{key}: unsupported annotation {tp}")
 

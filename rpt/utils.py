@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import reprlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,7 +51,8 @@ class ArgumentError(UserError):
             head = self.arg if python else name(self.arg)
             return f"{head}: {problem}" if problem else head
         value = str(self.value) if isinstance(self.value, Path) else self.value
-        head = f"{self.arg}={value!r}" if python else f"{name(self.arg)} {value}"
+        shown = str(value) if len(str(value)) <= 200 else str(value)[:200] + "..."
+        head = f"{self.arg}={short_repr(value, 200)}" if python else f"{name(self.arg)} {shown}"
         return f"{head}: {problem}"
 
     def for_cli(self, flags: dict[str, str] | None = None) -> str:
@@ -101,11 +103,29 @@ def write_failure(path: str | Path, e: BaseException, intact: str) -> WriteFaile
     return WriteFailed(f"{cause} writing {path}; {intact}")
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to about `limit` characters (a value in an error message must not flood it)."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = limit
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 8
+    r.maxlevel = 3
+    try:
+        text = r.repr(value)
+    except (RecursionError, ValueError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit + 20 else text[: limit] + "..."
+
+
 def load_yaml(text: str, source: str, error: type[Exception] = UserError) -> Any:
     """Plain YAML (safe_load: no Python tags), or `error` in one line naming `source` and where the text is wrong."""
     import yaml
 
     try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # events only: cheap, nothing is built yet
+            if isinstance(event, yaml.AliasEvent):
+                m = event.start_mark
+                raise error(f"{source}: an alias (*{event.anchor}) at line {m.line + 1}, column {m.column + 1} is not "
+                            "allowed (plain YAML only: write the value out)")
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
@@ -247,3 +267,76 @@ def resolve_device(device: Any = "auto") -> Any:
         if (dev.index or 0) >= torch.cuda.device_count():
             raise argument_error("device", device, f"torch sees {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def _matches(value: Any, tp: Any) -> bool | None:
+    """Whether `value` fits the annotation `tp`; None when `tp` is not one this check reads (then it passes)."""
+    import collections.abc as cabc
+    import types
+    import typing
+
+    if tp is typing.Any or tp is object:
+        return None
+    if tp is None or tp is type(None):
+        return value is None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        found = [_matches(value, a) for a in typing.get_args(tp)]
+        return True if any(found) else (None if None in found else False)
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if origin in (cabc.Sequence, list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            return False
+        args = typing.get_args(tp)
+        if not args or args[-1] is Ellipsis and len(args) == 2 and args[0] is typing.Any:
+            return True
+        inner = [_matches(v, args[0]) for v in value[:1000]]
+        return None if None in inner else all(inner)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp in (str, Path):
+        return isinstance(value, tp)
+    return None
+
+
+def _type_name(tp: Any) -> str:
+    text = str(tp).replace("typing.", "").replace("collections.abc.", "").replace("pathlib.", "")
+    return text.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
+
+
+def checked(func: Any) -> Any:
+    """Check the arguments of a public function against its annotations (the simple ones: int, float, bool, str, Path,
+    None, Literal, unions and sequences of them) and name the first that does not fit, as an ArgumentError that is
+    also a TypeError: ``max_new_tokens='3': expected int, got str``."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(func)
+    hints: dict[str, Any] = {}
+    for name, p in sig.parameters.items():
+        ann = p.annotation
+        if ann is inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        try:
+            hints[name] = eval(ann, func.__globals__) if isinstance(ann, str) else ann  # noqa: S307 (our annotations)
+        except Exception:  # a name only type checkers see: that argument is not checked
+            continue
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{func.__qualname__}(): {e}") from None
+        for name, value in bound.arguments.items():
+            tp = hints.get(name)
+            if tp is not None and _matches(value, tp) is False:
+                raise argument_error(name, value, f"expected {_type_name(tp)}, got {type(value).__name__}", TypeError)
+        return func(*args, **kwargs)
+
+    return wrapper

@@ -53,6 +53,7 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
 import re
 import struct
 import sys
@@ -126,14 +127,21 @@ def _visible(p: Path) -> bool:
     return not p.name.startswith(".") and p.name != "__pycache__"
 
 
-def _walk(root: Path, suffix: str | None = None) -> list[Path]:
-    """Files under `root` in sorted relative-path order, hidden entries and __pycache__ pruned."""
+def _walk(root: Path, suffix: str | None = None, _seen: set[str] | None = None) -> list[Path]:
+    """Files under `root` in sorted relative-path order, hidden entries and __pycache__ pruned. Each real folder is
+    read once: a symlink to a folder already read (a loop such as `train/up -> ..`, or a second link to one folder)
+    is skipped."""
+    seen = _seen if _seen is not None else {os.path.realpath(root)}
     out = []
     for p in sorted(root.iterdir()):
         if not _visible(p):
             continue
         if p.is_dir():
-            out.extend(_walk(p, suffix))
+            real = os.path.realpath(p)
+            if real in seen or any(real == a or a.startswith(real + os.sep) for a in seen if p.is_symlink()):
+                continue  # read already, or an ancestor of a folder being read (a loop)
+            seen.add(real)
+            out.extend(_walk(p, suffix, seen))
         elif p.is_file() and (suffix is None or p.name.endswith(suffix)):
             out.append(p)
     return out
@@ -208,10 +216,10 @@ class JsonlCorpus(Corpus):
                 # A line that cannot be read has no split of its own: it is counted once, in split_of(where).
                 reason = ""
                 try:
-                    rec = json.loads(raw.decode("utf-8"))
+                    rec = json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))  # a BOM opens some files
                 except UnicodeDecodeError:
                     reason = "undecodable"
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
                     reason = "bad_json"
                 else:
                     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):

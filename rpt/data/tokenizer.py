@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from rpt.data import hub
-from rpt.utils import argument_error, error_line
+from rpt.utils import RPTWarning, argument_error, error_line
 
 EOS = "<|endoftext|>"  # the one special token of a trained BPE (id 0), as in GPT-2 / GPT-NeoX
 BPE_VERSION = 1  # bump when the trainer settings below change: it is part of the cache key
@@ -110,7 +111,8 @@ class Tokenizer:
         try:
             from transformers import AutoTokenizer
 
-            hf = AutoTokenizer.from_pretrained(name, local_files_only=offline, cache_dir=str(hub.hub_cache_dir()))
+            hf = AutoTokenizer.from_pretrained(name, local_files_only=offline, cache_dir=str(hub.hub_cache_dir()),
+                                           trust_remote_code=False)
             backend = getattr(hf, "backend_tokenizer", None)
             if backend is None:
                 raise ValueError(f"{type(hf).__name__} has no fast (Rust) tokenizer")
@@ -142,7 +144,7 @@ class Tokenizer:
         cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         path = cache_dir / f"bpe-{vocab_size}-{key}.json"
         name = f"bpe:{vocab_size}/{key}"
-        if path.is_file():
+        if path.is_file() and os.access(path, os.R_OK):
             out = cls.from_file(path, name=name)
             out.cache_hit = True
             return out
@@ -153,7 +155,11 @@ class Tokenizer:
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(sample, trainer=trainer, length=len(sample))
         out = cls(tok, name)
-        out.save(path)
+        try:
+            out.save(path)
+        except OSError as e:  # a cache that cannot be written (a file in its place, read-only): train again next time
+            warnings.warn(f"the tokenizer cache {cache_dir} cannot be written ({e.strerror or e}); the tokenizer is not "
+                          "cached (set RPT_CACHE_DIR or --tokenizer-cache to a writable folder)", RPTWarning, stacklevel=2)
         out.cache_hit = False
         return out
 

@@ -28,6 +28,7 @@ Scorers:
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -219,8 +220,9 @@ class HFScorer:
             require("gguf", "loading GGUF scorers")
             require("accelerate", "loading GGUF scorers (transformers needs it for GGUF)")
             kwargs["gguf_file"] = gguf_file
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        # a user's folder: its own modelling code is never run, and transformers never stops to ask about it
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=False, **kwargs)
         name = f"{source}/{gguf_file}" if gguf_file else source
         return cls(model, tokenizer, name=name, device=device, batch_size=batch_size, dtype=dtype)
 
@@ -395,8 +397,17 @@ def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
 
 def is_rpt_checkpoint(path: str | Path) -> bool:
     p = Path(path)
-    # ours hold state.json beside model.safetensors (a Hugging Face folder has config.json instead)
-    return ((p / "model.safetensors").is_file() and (p / "state.json").is_file()) or (p / "checkpoints").is_dir()
+    # ours hold state.json beside model.safetensors (a Hugging Face folder has config.json instead); an `rpt export`
+    # folder is a Hugging Face folder of model type rpt
+    return (((p / "model.safetensors").is_file() and (p / "state.json").is_file()) or (p / "checkpoints").is_dir()
+            or _is_rpt_export(p))
+
+
+def _is_rpt_export(p: Path) -> bool:
+    try:
+        return json.loads((p / "config.json").read_text()).get("model_type") == "rpt"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
 
 
 def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto", batch_size: int = 32,
@@ -405,10 +416,19 @@ def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto",
     help beyond their own retrieval inside the short scoring context, so an `xl` scorer is the natural choice)."""
     from rpt.checkpoint import checkpoint_tokenizer, load_model, resolve_checkpoint
 
-    folder = resolve_checkpoint(path)
     dev = resolve_device(device)
-    model, cfg = load_model(folder, dev)
-    tok = checkpoint_tokenizer(folder, cfg)
+    if _is_rpt_export(Path(path)):  # an `rpt export` folder: the rpt model inside, the tokenizer beside it
+        from rpt.data.tokenizer import Tokenizer
+        from rpt.hf import RPTForCausalLM
+
+        folder = Path(path)
+        model = RPTForCausalLM.from_pretrained(str(folder)).model.to(dev).eval()
+        tok_file = folder / "tokenizer.json"
+        tok = Tokenizer.from_file(tok_file).identity if tok_file.is_file() else None
+    else:
+        folder = resolve_checkpoint(path)
+        model, cfg = load_model(folder, dev)
+        tok = checkpoint_tokenizer(folder, cfg)
     if store_tokenizer is not None and tok is not None and tok.get("hash") != store_tokenizer.get("hash"):
         raise ValueError(f"scorer checkpoint {folder} was trained with tokenizer {tok.get('name')} ({tok.get('hash')}), "
                          f"the store uses {store_tokenizer.get('name')} ({store_tokenizer.get('hash')}): our checkpoints "

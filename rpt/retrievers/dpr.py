@@ -410,8 +410,9 @@ class HFRetriever(ChunkRetriever):
         source = str(path) if path.exists() else name
         try:
             transformers = require("transformers", "hf: retrievers")
-            tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=not online)
-            model = transformers.AutoModel.from_pretrained(source, local_files_only=not online)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=not online,
+                                                                   trust_remote_code=False)
+            model = transformers.AutoModel.from_pretrained(source, local_files_only=not online, trust_remote_code=False)
         except MissingDependency as e:
             raise UserError(f"{flag}: {e}") from None
         except Exception as e:  # OSError (no config.json), ValueError (not an encoder), hub errors
