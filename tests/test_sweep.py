@@ -133,6 +133,20 @@ def test_dry_run_prints_every_command_and_marks_the_done_ones(store, tmp_path, c
     assert not (out / "eval").exists()
 
 
+def test_a_dry_run_plans_with_labels_that_do_not_exist_yet(store, tmp_path, capsys):
+    """The plan can be read before `rpt label` has made the train or test labels it names; a real run still refuses."""
+    out, gold = tmp_path / "sw", tmp_path / "not-yet" / "test-sem-doc-all"
+    assert sweep(out, store, "--dry-run", "--test-labels", str(gold), variants="rpt-sem", seeds="0") == 0
+    printed = capsys.readouterr().out
+    assert f"# not yet made (the sweep refuses to start without it): --test-labels {gold}" in printed
+    assert "variant rpt-sem needs training labels" in printed
+    evals = [line for line in printed.splitlines() if line.startswith("rpt eval")]
+    assert any("--source oracle" in e and f"--labels {gold}" in e for e in evals)
+    assert any("--source model" in e and "--metrics" in e for e in evals)
+    assert sweep(out, store, "--test-labels", str(gold), variants="rpt-sem", seeds="0") == 2
+    assert "not a label store" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize("flags, train, needle", [
     (["--variants", "xl,nope"], [], "--variants 'xl,nope'"),
     (["--variants", "rpt-sem"], [], "variant rpt-sem needs training labels: pass --labels-sem, made by `rpt label "),

@@ -72,6 +72,7 @@ class Plan:
     store: str
     results: list[Path]  # every eval result of the sweep
     test_labels: Path | None
+    missing: list[str] = field(default_factory=list)  # label stores a dry run planned with before they exist
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,17 +204,21 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
         check_fits(cfg, resolve_device(args.device))
 
 
-def plan(s: SweepSettings) -> Plan:
-    """Every job of the sweep, in order, after the checks of the module docstring."""
+def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
+    """Every job of the sweep, in order, after the checks of the module docstring. dry_run: label stores that do not
+    exist yet are planned with (the commands name them; `Plan.missing` lists them) instead of refused, and not checked."""
     from rpt.labels.store import default_label_path, default_labels
     from rpt.model.registry import spec
 
     if not s.variants or not s.seeds:
         raise UserError("--variants and --seeds must each name at least one")
+    missing: list[str] = []
     flags = [(f"--labels-{kind}", path) for kind, path in s.labels.items()]
     for flag, path in flags + ([("--test-labels", s.test_labels)] if s.test_labels else []):
         if not (Path(path) / "manifest.json").is_file():
-            raise UserError(f"{flag} {path}: not a label store (no manifest.json; made by `rpt label`)")
+            if not dry_run:
+                raise UserError(f"{flag} {path}: not a label store (no manifest.json; made by `rpt label`)")
+            missing.append(f"{flag} {path}")
     configs = {(v, seed): run_config(s.train_args, v, seed, s.out / f"{v}-seed{seed}")
                for seed in s.seeds for v in s.variants}
     first = configs[s.variants[0], s.seeds[0]][0]
@@ -229,11 +234,17 @@ def plan(s: SweepSettings) -> Plan:
         if spec(v).labels is not None and labels[v] is None:
             flag = "--labels-sem" if spec(v).labels == "sem" else "--labels-lex (or --labels-sem)"
             kind = "sem --scorer RUN" if spec(v).labels == "sem" else "lex"
-            raise UserError(f"variant {v} needs training labels: pass {flag}, made by `rpt label --store {store} "
-                            f"--split train --kind {kind} --span {seq_len} --segment-len {cfg.model.segment_len}`")
-        _check_inputs(v, cfg, args, labels[v])
+            need = (f"variant {v} needs training labels: pass {flag}, made by `rpt label --store {store} "
+                    f"--split train --kind {kind} --span {seq_len} --segment-len {cfg.model.segment_len}`")
+            if not dry_run:
+                raise UserError(need)
+            labels[v] = default_label_path(store, "train", spec(v).labels, seq_len)
+            missing.append(f"{labels[v]} ({need})")
+        usable = labels[v] is not None and (Path(labels[v]) / "manifest.json").is_file()
+        _check_inputs(v, cfg, args, labels[v] if usable or not dry_run else None)
     if test_labels is not None and any(spec(v).neighbours != "none" for v in s.variants):
-        _check_test_labels(s, first, test_labels)
+        if (Path(test_labels) / "manifest.json").is_file() or not dry_run:
+            _check_test_labels(s, first, test_labels)
 
     common = (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
     jobs, results = [], []
@@ -265,7 +276,7 @@ def plan(s: SweepSettings) -> Plan:
                     argv.append("--metrics")
                 jobs.append(Job(f"eval {v} seed {seed} {src}", argv, res))
                 results.append(res)
-    return Plan(jobs, step, store, results, test_labels)
+    return Plan(jobs, step, store, results, test_labels, missing)
 
 
 def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
@@ -275,12 +286,14 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("rpt sweep runs in one process: start it without torchrun (each `rpt train` it runs uses one "
                         "device); for multi-GPU runs, run `rpt train` under torchrun and `rpt compare` on the results")
-    p = plan(s)
+    p = plan(s, dry_run)
     todo = [j for j in p.jobs if not j.done.exists()]
     print(f"sweep: {len(s.variants)} variants x {len(s.seeds)} seeds to step {p.step} on {p.store}; "
           f"{len(p.jobs)} jobs, {len(p.jobs) - len(todo)} already done"
           + ("" if p.test_labels else "; no test labels: no oracle, no retrieval metrics"), flush=True)
     if dry_run:
+        for m in p.missing:
+            print(f"# not yet made (the sweep refuses to start without it): {m}")
         for j in p.jobs:
             print(("# done: " if j.done.exists() else "") + command_line(j.argv))
         return None

@@ -286,16 +286,23 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
         writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
         from tqdm.auto import tqdm
 
-        done_rows = int(writer.offsets[writer.next_doc - lo])
-        bar = tqdm(total=int(writer.offsets[-1]), initial=done_rows, unit="chunk", disable=not progress,
-                   desc=f"label {spec.kind} {path.name}", dynamic_ncols=True)
+        # the bar counts work: chunks, or under exhaustive gold the pairs scored (each query chunk's whole pool, so a
+        # document's cost grows with the square of its length and a count of chunks would run early and fast)
+        pairs = spec.kind == "sem" and spec.candidates == "all"
+        work = {d: np.cumsum(pool_sizes(int(doc_chunks[d]), spec) if pairs else np.ones(int(doc_chunks[d])))
+                for d in range(lo, hi)}
+        total = {d: int(w[-1]) if len(w) else 0 for d, w in work.items()}
+        bar = tqdm(total=sum(total.values()), initial=sum(total[d] for d in range(lo, writer.next_doc)),
+                   unit="pair" if pairs else "chunk", disable=not progress, desc=f"label {spec.kind} {path.name}",
+                   dynamic_ncols=True)
         try:
             for d in range(writer.next_doc, hi):
-                shown = [0]  # chunks of document d already counted on the bar
+                shown = [0]  # work of document d already counted on the bar
 
-                def advance(done: int, shown: list[int] = shown) -> None:
-                    bar.update(done - shown[0])
-                    shown[0] = done
+                def advance(done: int, shown: list[int] = shown, w: np.ndarray = work[d]) -> None:
+                    now = int(w[done - 1]) if done > 0 else 0
+                    bar.update(now - shown[0])
+                    shown[0] = now
 
                 cand, bm25, target, stats = label_document(store.document(d), spec, scorer, decode, on_progress=advance,
                                                            width=width, doc=d)

@@ -102,3 +102,39 @@ def test_gold_signal_benchmark_reads_an_exhaustive_store(store, scorer, tmp_path
     with pytest.raises(SystemExit, match="not exhaustive"):
         mod.gold_signal(str(label_split(store, tmp_path / "lex", LabelSpec(kind="lex", span=None, chunk_size=M,
                                                                             segment_len=S, k=2), progress=False)))
+
+
+def test_the_progress_bar_counts_exhaustive_golds_pairs_not_chunks(store, tmp_path, monkeypatch):
+    """Under exhaustive gold a query chunk costs its whole pool, so the bar counts pairs: its total is the sum of the
+    pools, and every chunk advances it by its own pool (a chunk count would run fast early, slow late)."""
+    import tqdm.auto
+
+    from rpt.labels.scorer import InductionScorer
+
+    bars = []
+
+    class Recorder:
+        def __init__(self, total=None, initial=0, unit="it", **kwargs):
+            self.total, self.n, self.unit, self.steps = total, initial, unit, []
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+            self.steps.append(n)
+
+        def set_postfix(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    chunks = store.doc_lengths() // M
+    sem = LabelSpec(kind="sem", span=None, chunk_size=M, segment_len=S, candidates="all")
+    label_split(store, tmp_path / "sem", sem, InductionScorer(int(store.tokenizer_id["vocab_size"])), progress=False)
+    (bar,) = bars
+    pools = sum(int(pool_sizes(int(c), sem).sum()) for c in chunks)
+    assert (bar.unit, bar.total, bar.n) == ("pair", pools, pools) and pools > 2 * int(chunks.sum())
+    lex = LabelSpec(kind="lex", span=None, chunk_size=M, segment_len=S, k=4)
+    label_split(store, tmp_path / "lex", lex, progress=False)
+    assert (bars[1].unit, bars[1].total, bars[1].n) == ("chunk", int(chunks.sum()), int(chunks.sum()))
