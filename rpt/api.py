@@ -116,7 +116,7 @@ def load(path: str | Path, device: str | None = None, *, tokenizer: str | Path |
          allow_other_tokenizer: bool = False) -> LoadedModel:
     """A trained model with its tokenizer and config, in eval mode on `device` (default: cuda when available).
 
-    path: a run folder (its newest intact checkpoint), a checkpoint folder (runs/<name>/checkpoints/step_N), its
+    path: a run folder (its newest intact checkpoint), a checkpoint folder (runs/<name>/checkpoints/step_00000050), its
     model.safetensors, or a folder written by `rpt export` (Hugging Face layout). tokenizer: a tokenizer.json to use
     instead of the one found beside the checkpoint (refused unless it is the one the run recorded, or
     allow_other_tokenizer=True). Returns a `LoadedModel`: `.model`, `.tokenizer`, `.config`, `.path`,
@@ -407,7 +407,8 @@ def train(config: str | Path | RPTConfig, store: str | Path | None = None, out: 
           allow_changes: bool = False, **overrides: Any) -> TrainResult:
     """Train a model on the token store `store` (written by `prepare`) into the run folder `out`, as `rpt train` does;
     an interrupted run resumes where it stopped (resume=False refuses a folder with checkpoints); a resumed run with
-    other training settings (lr, steps, ...) than its checkpoint's is refused unless allow_changes=True.
+    other training settings (lr, batch, ...) than its checkpoint's is refused unless allow_changes=True (another
+    number of steps is accepted and named).
 
     config: a preset name ("tiny", "small", ...), a YAML config file or an RPTConfig. overrides: config fields,
     e.g. steps=50, variant="rpt-sem", lr=1e-3, d_model=64, or dotted keys via **{"model.cca_layers": [2, 3]}.

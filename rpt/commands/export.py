@@ -12,7 +12,7 @@ FLAGS = {"path": "RUN_OR_CHECKPOINT"}  # library argument -> flag, where not --<
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
-                   help="a run folder (its newest checkpoint), a checkpoint folder (runs/<name>/checkpoints/step_N) or "
+                   help="a run folder (its newest checkpoint), a checkpoint folder (runs/<name>/checkpoints/step_00000050) or "
                    "its model.safetensors")
     p.add_argument("--out", required=True, help="the folder to write (must be new or empty, unless --force)")
     p.add_argument("--force", action="store_true", help="replace --out when it already holds files")

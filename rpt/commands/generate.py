@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from rpt.commands.options import add_device
     from rpt.config import MAX_NEIGHBORS
 
-    p.add_argument("--checkpoint", required=True, help="a checkpoint folder (runs/<name>/checkpoints/step_N), its "
+    p.add_argument("--checkpoint", required=True, help="a checkpoint folder (runs/<name>/checkpoints/step_00000050), its "
                    "model.safetensors, or a run folder (its newest checkpoint)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text; repeat for a batch of prompts")
