@@ -196,8 +196,8 @@ def generate(model: Any, prompt: str | Sequence[str], *, max_new_tokens: int = 2
     cfg = GenerateConfig(max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
                          top_k=top_k, seed=seed, stop_at_eos=stop_at_eos, n_neighbors=n_neighbors,
                          ragged=ragged)  # type: ignore[arg-type]
-    try:
-        cfg.validate()
+    try:  # the end-of-text id comes with the tokenizer (encode_prompts, which checks stop_at_eos against it)
+        dataclasses.replace(cfg, stop_at_eos=False).validate()
     except ValueError as e:  # "<field> must be ...": the field is the argument of the same name
         field, _, problem = str(e).partition(" ")
         raise argument_error(field, getattr(cfg, field, None), problem) from None

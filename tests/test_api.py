@@ -125,6 +125,16 @@ def test_generate_arguments_are_checked_by_name():
     assert rpt.api.config_key("d_model") == "model.d_model" and rpt.api.config_key("steps") == "train.steps"
 
 
+def test_generate_stops_at_the_end_of_text_token(tmp_path):
+    from rpt.data.tokenizer import Tokenizer
+
+    tok = Tokenizer.train_bpe(["alpha beta gamma delta " * 30], 90, cache_dir=tmp_path)
+    assert tok.eos_id is not None and tok.vocab_size <= 97
+    model = rpt.build_model(_tiny("xl"), seed=0)
+    text = rpt.generate(model, "alpha beta", max_new_tokens=5, stop_at_eos=True, tokenizer=tok, greedy=True)
+    assert isinstance(text, str)
+
+
 # Modules that drive the CLI's own workflows (they build command lines, or parse a verb's flags) and may name flags:
 # every module of rpt/experiments/, and these; rpt/config.py resolves the CLI's --config / --preset values.
 CLI_DRIVERS = {"rpt/config.py", "rpt/cli.py"}

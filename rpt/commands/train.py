@@ -54,9 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", metavar="PATH", help="retrofit a pretrained causal LM: a local Hugging Face folder or "
                    ".gguf file (Llama family) becomes the frozen trunk, its shape the model's (model.backbone; "
                    "docs/retrofit.md)")
-    p.add_argument("--backbone", metavar="PATH", help="retrofit a pretrained causal LM: a local Hugging Face folder or "
-                   ".gguf file (Llama family) becomes the frozen trunk, its shape the model's (model.backbone; "
-                   "docs/retrofit.md)")
     p.add_argument("--vocab-size", type=int, help="model.vocab_size (default with --preset, or a --config naming a preset: the "
                    "store's tokenizer's)")
     add_set(p)

@@ -354,3 +354,13 @@ def test_a_scorer_folder_with_custom_code_never_asks(tmp_path):
     with pytest.raises(Exception) as e:
         load_scorer(str(folder), device="cpu")
     assert "custom code ran" not in str(e.value)
+
+
+def test_an_exported_model_scores_as_scorer(run, tmp_path, capsys):
+    from rpt.labels.scorer import CallableScorer, load_scorer
+
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    scorer = load_scorer(str(tmp_path / "hf"), device="cpu")
+    assert isinstance(scorer, CallableScorer)
+    lp = scorer.target_logprobs([[1, 2, 3, 4]], [[5, 6]])
+    assert lp[0].shape == (2,) and np.isfinite(lp[0]).all()
