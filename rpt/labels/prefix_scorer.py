@@ -134,3 +134,16 @@ class SharedPrefixScorer(HFScorer):
         for r, (_, n) in enumerate(members):
             t = len(targets[n])
             out[n] = lp[r, n_tgt - t :]
+
+
+def share_prefixes(scorer: HFScorer, enabled: bool = True) -> HFScorer:
+    """`scorer` as a SharedPrefixScorer (the same model, tokenizer and settings) when its model is of the Llama family
+    and its tokenizer gives offsets (a fast one); otherwise, or when not `enabled`, `scorer` itself."""
+    if not enabled or type(scorer) is not HFScorer or not getattr(scorer.tokenizer, "is_fast", False):
+        return scorer
+    try:
+        check_supported(scorer.model)
+    except ValueError:
+        return scorer
+    return SharedPrefixScorer(scorer.model, scorer.tokenizer, scorer.name, device=scorer.device,
+                              batch_size=scorer.batch_size, dtype=scorer.dtype)

