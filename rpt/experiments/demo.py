@@ -98,9 +98,11 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     # `rpt copytest` with these arguments, run here so that its table marks the checks not expected at this size
     from rpt.cli import command_line
     from rpt.experiments.copytest import run_copytest
+    from rpt.outputs import COPYTEST, claim_folder
 
     commands.append(command_line(argv))
     print(f"\n$ {commands[-1]}", flush=True)
+    claim_folder(cs.out, COPYTEST)  # as `rpt copytest` does: never into a folder of the user's
     copy = run_copytest(cs)
     summary = summarize_copy(copy)
     figure = plot_demo(copy, res / "copy_test.png")
