@@ -2,13 +2,14 @@
 
     import rpt
     rpt.prepare("my_docs/", "data/mine", tokenizer="bpe:2048")      # a folder of text / JSONL -> token stores
+    rpt.label("data/mine", kind="lex", span=1024, segment_len=128)   # BM25 candidates for training
     rpt.train("tiny", "data/mine", "runs/mine", steps=200)           # a preset (or YAML / RPTConfig) + overrides
     model = rpt.load("runs/mine")                                    # a run, a checkpoint or an exported folder
     print(model.generate("Once upon a time", max_new_tokens=50))     # text in, text out
     print(model.evaluate("data/mine").perplexity)                    # long-document perplexity
 
     from rpt import RPTConfig, build_model
-    net = build_model(RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=V).model)
+    net = build_model("tiny", variant="rpt-sem", vocab_size=V)       # any variant by name, the baselines too
     out = net(input_ids, labels=input_ids)                           # out.logits [B, T, V], out.loss
 
 Exported models (`rpt export`, `model.export(out)`) load with transformers' AutoModelForCausalLM once rpt is
@@ -24,22 +25,22 @@ from rpt.config import RPTConfig
 from rpt.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from rpt.api import EvalResult, LoadedModel, evaluate, load, prepare
+    from rpt.api import EvalResult, LoadedModel, evaluate, label, load, prepare
     from rpt.api import generate as generate
     from rpt.api import train as train
     from rpt.model.registry import build_model
     from rpt.model.rpt import RPT
 
-__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "build_model", "evaluate", "generate", "load",
-           "prepare",
-           "train"]
+__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "build_model", "evaluate", "generate", "label",
+           "load", "prepare", "train"]
 
 hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)
 
 # name -> (module, attribute); imported on first use. `generate` and `train` are modules of rpt that are also callable
 # (rpt.utils.callable_module): rpt.generate(...) runs rpt.api.generate, rpt.train(...) rpt.api.train.
 _LAZY = {"RPT": ("rpt.model.rpt", "RPT"), "build_model": ("rpt.model.registry", "build_model"),
-         "load": ("rpt.api", "load"), "evaluate": ("rpt.api", "evaluate"), "prepare": ("rpt.api", "prepare"),
+         "load": ("rpt.api", "load"), "label": ("rpt.api", "label"), "evaluate": ("rpt.api", "evaluate"),
+         "prepare": ("rpt.api", "prepare"),
          "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.api", "LoadedModel"),
          "generate": ("rpt.generate", None), "train": ("rpt.train", None)}
 

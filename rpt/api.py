@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rpt.model.rpt import RPT
     from rpt.train.loop import TrainResult
 
-__all__ = ["EvalResult", "LoadedModel", "evaluate", "generate", "is_exported", "load", "prepare", "train"]
+__all__ = ["EvalResult", "LoadedModel", "evaluate", "generate", "is_exported", "label", "load", "prepare", "train"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -319,6 +319,61 @@ def prepare(source: str | Path, out: str | Path, *, tokenizer: str = "bpe:8192",
 
     return prepare_store(str(source), tokenizer, out, chunk_size=chunk_size, splits=list(splits) if splits else None,
                          max_documents=max_documents, min_chunks=min_chunks, force=force, progress=progress)
+
+
+@checked
+def label(store: str | Path, split: str = "train", *, kind: str = "lex", span: int | str = 16384,
+          segment_len: int = 1024, k: int = 20, scorer: str | None = None, candidates: str = "bm25",
+          query_fraction: float = 1.0, query: str = "pair", k1: float = 1.5, b: float = 0.75, out: str | Path | None = None,
+          overwrite: bool = False, max_documents: int | None = None, shard: tuple[int, int] | None = None,
+          batch_size: int = 32, gguf_file: str | None = None, device: str | None = None,
+          progress: bool = False) -> Path:
+    """Label a token store's split for retrieval training, as `rpt label` does; returns the label folder (or this
+    shard's folder while other shards are unfinished).
+
+    store: a store root written by `prepare`. kind: "lex" (BM25's top k candidates of each chunk) or "sem" (also the
+    scoring LM's target scores, §3.2: `scorer` is one of our runs or checkpoints, an `rpt export` folder, "induction",
+    "smollm2", a .gguf file, a Hugging Face folder or name). span: tokens per training sequence (the model's
+    data.seq_len) or "doc" (whole documents, for evaluation); segment_len: the model's. candidates "all" scores every
+    retrievable chunk (exhaustive gold for evaluation), for a `query_fraction` of the query chunks. out: default
+    <store>/labels/<split>-<kind>-<span>; an existing label folder of other settings is replaced only with overwrite."""
+    from rpt.data.store import StoreError, TokenStore
+    from rpt.labels.pipeline import LabelSpec, label_split, store_decoder
+    from rpt.labels.scorer import is_rpt_export, load_scorer, model_scorer
+    from rpt.labels.store import default_label_path, parse_span
+    from rpt.utils import resolve_device
+
+    root = Path(store)
+    tokenizer_file = next((p for p in (root / "tokenizer.json", root / split / "tokenizer.json") if p.exists()),
+                          root / "tokenizer.json")
+    try:
+        token_store = TokenStore.open(root / split)
+        if tokenizer_file.exists():  # labels are only as right as the tokens: no mixture of two prepare runs
+            token_store.check_tokenizer_file(tokenizer_file)
+    except StoreError as e:
+        raise argument_error("store", store, str(e), ValueError) from None
+    parsed = parse_span(str(span))
+    spec = LabelSpec(kind=kind, span=parsed, chunk_size=token_store.chunk_size, segment_len=segment_len, k=k, k1=k1,
+                     b=b, query=query, candidates=candidates, query_fraction=query_fraction)  # type: ignore[arg-type]
+    spec.validate()
+    folder = Path(out) if out is not None else default_label_path(root, split, kind, parsed)
+    score = decode = None
+    if kind == "sem":
+        if not scorer:
+            raise argument_error("scorer", problem="needed with kind sem: a run or checkpoint of a model trained on "
+                                 "this store (e.g. an xl), induction, smollm2, or a Hugging Face model")
+        dev = resolve_device(device)
+        if is_rpt_export(scorer):  # an `rpt export` folder: the rpt model inside, its tokenizer beside it
+            loaded = load(scorer, device=str(dev))
+            score = model_scorer(loaded.model, scorer, loaded.tokenizer and loaded.tokenizer.identity,
+                                 token_store.tokenizer_id, batch_size)
+        else:
+            score = load_scorer(scorer, gguf_file=gguf_file, device=dev, batch_size=batch_size,
+                                store_tokenizer=token_store.tokenizer_id)
+        # the chunks as text, for scorers with a tokenizer of their own (ours and the copier read token ids)
+        decode = store_decoder(tokenizer_file) if getattr(score, "tokenizer", None) is not None else None
+    return label_split(token_store, folder, spec, scorer=score, decode=decode, shard=shard,
+                       max_documents=max_documents, progress=progress, overwrite=overwrite)
 
 
 # short names of train's overrides, as `rpt train` has them as flags (anything else: a unique field name or a dotted key)

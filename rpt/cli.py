@@ -8,7 +8,7 @@ import pkgutil
 import sys
 
 import rpt.commands
-from rpt.utils import UserError  # noqa: F401  (re-exported: verbs raise rpt.cli.UserError)
+from rpt.utils import UserError
 
 DESCRIPTION = ("Retrieval-Pretrained Transformer: prepare, label, train, evaluate and generate with a long-document LM "
                "that retrieves from itself.")

@@ -218,9 +218,9 @@ class Bm25Neighbours:
 
 
 def memory_factory(kind: str = "auto", device: torch.device | str = "cpu") -> Callable[[], ChunkMemory]:
-    """The document memory to generate with (`rpt.eval.memory.make_memory`): "torch" (exact matmul), "faiss" (an
+    """The document memory to generate with (`rpt.model.memory.make_memory`): "torch" (exact matmul), "faiss" (an
     inner-product index on the CPU, as in the paper) or "auto" (torch on a GPU, Faiss on CPU when installed)."""
-    from rpt.eval.memory import make_memory
+    from rpt.model.memory import make_memory
 
     try:
         return make_memory(kind, device)  # type: ignore[arg-type]

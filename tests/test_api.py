@@ -128,11 +128,33 @@ def test_generate_arguments_are_checked_by_name():
 def test_generate_stops_at_the_end_of_text_token(tmp_path):
     from rpt.data.tokenizer import Tokenizer
 
-    tok = Tokenizer.train_bpe(["alpha beta gamma delta " * 30], 90, cache_dir=tmp_path)
-    assert tok.eos_id is not None and tok.vocab_size <= 97
-    model = rpt.build_model(_tiny("xl"), seed=0)
+    tok = Tokenizer.train_bpe(["alpha beta gamma delta " * 30], 300, cache_dir=tmp_path)
+    assert tok.eos_id is not None and tok.vocab_size <= 300
+    model = rpt.build_model(dataclasses.replace(_tiny("xl"), vocab_size=300), seed=0)
     text = rpt.generate(model, "alpha beta", max_new_tokens=5, stop_at_eos=True, tokenizer=tok, greedy=True)
     assert isinstance(text, str)
+
+
+def test_label_is_a_function_of_the_api(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "train"))
+    from train_helpers import make_store
+
+    from rpt.labels.store import LabelStore
+
+    make_store(tmp_path / "store" / "train", [160, 192, 112])
+    path = rpt.label(tmp_path / "store", "train", kind="lex", span=64, segment_len=16, k=2)
+    assert path == tmp_path / "store" / "labels" / "train-lex-64"
+    assert LabelStore.open(path).manifest["k"] == 2
+    with pytest.raises(ArgumentError, match=r"^scorer: needed with kind sem"):
+        rpt.label(tmp_path / "store", kind="sem", span=64, segment_len=16)
+    with pytest.raises(TypeError, match=r"^k='2': expected int"):
+        rpt.label(tmp_path / "store", k="2")
+
+
+def test_any_variant_is_built_by_name():
+    for variant in ("xl", "rpt-sem", "griffin", "memorizing", "block-recurrent"):
+        model = rpt.build_model("tiny", variant=variant, vocab_size=97, seed=0)
+        assert model.cfg.variant == variant
 
 
 # Modules that drive the CLI's own workflows (they build command lines, or parse a verb's flags) and may name flags:

@@ -7,7 +7,7 @@ import pytest
 
 from rpt.cli import _verbs, build_parser, is_develop, main, verb_name
 
-PIPELINE = ["prepare", "label", "train", "eval", "sweep", "compare", "dpr", "generate", "explore", "export"]
+PIPELINE = ["configs", "prepare", "label", "train", "eval", "sweep", "compare", "dpr", "generate", "explore", "export"]
 DEVELOP = ["demo", "copytest", "bench"]
 
 

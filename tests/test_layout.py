@@ -142,3 +142,40 @@ def test_the_library_does_not_import_the_experiments():
     bad = [_where(graph, a, b) for a, deps in graph.items() for b in deps
            if b.startswith("rpt.experiments") and not a.startswith(("rpt.experiments", "rpt.commands", "rpt.cli"))]
     assert not bad, "library modules importing the experiments:\n" + "\n".join(bad)
+
+
+# The floors of the library, lowest first: a module imports only modules of its own floor or below. The model knows
+# nothing of data, labels, training or evaluation; those know nothing of the API; the API nothing of the command line.
+FLOORS = [
+    ("base", ("rpt.version", "rpt.utils", "rpt.locks", "rpt.outputs", "rpt.chunks", "rpt.config")),
+    ("model", ("rpt.model",)),
+    ("data, labels, checkpoints", ("rpt.data", "rpt.labels", "rpt.checkpoint", "rpt.retrievers")),
+    ("training, evaluation, decoding", ("rpt.train", "rpt.eval", "rpt.generate", "rpt.explore", "rpt.retrofit")),
+    ("Hugging Face, export, API", ("rpt.hf", "rpt.hf_auto", "rpt.export", "rpt.api", "rpt")),
+    ("command line", ("rpt.commands", "rpt.cli")),
+    # the experiments and the verbs that run them
+    ("experiments", ("rpt.experiments", "rpt.commands.bench", "rpt.commands.compare", "rpt.commands.copytest",
+                     "rpt.commands.demo", "rpt.commands.sweep")),
+]
+
+
+def floor(module: str) -> int:
+    """The floor of `module` (its longest matching prefix in FLOORS)."""
+    best, length = -1, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > length:
+                best, length = i, len(p)
+    return best
+
+
+def test_every_module_has_a_floor():
+    missing = [m for m in import_graph() if floor(m) < 0]
+    assert not missing, f"modules on no floor of FLOORS (add them): {missing}"
+
+
+def test_no_import_climbs_to_a_higher_floor():
+    graph = import_graph()
+    bad = [f"{_where(graph, a, b)}  ({FLOORS[floor(a)][0]} -> {FLOORS[floor(b)][0]})" for a, deps in graph.items()
+           for b in deps if floor(b) > floor(a) and a != "rpt"]
+    assert not bad, "imports that climb the layering:\n" + "\n".join(sorted(bad))

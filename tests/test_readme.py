@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CLI = ROOT / "docs" / "cli.md"
 SMALL = {  # verb -> flags appended to make it quick
+    "configs": [],
     "prepare": ["--max-documents", "3"],
     "label": ["--k", "2", "--no-progress"],
     "train": ["--steps", "2", "--no-progress"],
@@ -75,6 +76,7 @@ def write_corpus(path: Path) -> None:
 def test_readme_quickstart_runs_in_order(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write_corpus(tmp_path / "corpus.jsonl")
+    (tmp_path / "prompt.txt").write_text(Path(shlex.__file__).read_text()[:4000])  # a long passage: retrieval shows
     lines = quickstart_commands()
     verbs = [shlex.split(c)[1] for c in lines]
     assert verbs == ["prepare", "label", "train", "eval", "generate"], verbs

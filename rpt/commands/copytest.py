@@ -68,11 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    from rpt.cli import UserError
     from rpt.commands.options import parse_sets
     from rpt.config import RETRIEVING, RPTConfig
     from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytest
-    from rpt.utils import parse_seeds
+    from rpt.utils import UserError, parse_seeds
 
     seeds = parse_seeds(args.seeds)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())

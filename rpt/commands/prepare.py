@@ -38,11 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.cli import UserError
     from rpt.commands.options import config_of
     from rpt.config import DataConfig
     from rpt.data.prepare import format_summary, prepare
     from rpt.data.store import StoreError
+    from rpt.utils import UserError
 
     cfg = config_of(args)
     data = cfg.data if cfg else DataConfig()

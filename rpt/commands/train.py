@@ -86,10 +86,9 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.cli import UserError
     from rpt.data.store import StoreError
     from rpt.train.loop import NonFiniteLoss, train
-    from rpt.utils import resolve_device
+    from rpt.utils import UserError, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -40,9 +40,8 @@ from rpt.chunks import pool_size
 from rpt.config import check_neighbors
 from rpt.data.store import TokenStore, open_split
 from rpt.eval import analysis, metrics
-from rpt.eval.memory import MemoryKind, make_memory, memory_name
 from rpt.labels.bm25 import bm25_neighbors
-from rpt.model.memory import ChunkMemory
+from rpt.model.memory import ChunkMemory, MemoryKind, make_memory, memory_name
 from rpt.model.registry import spec
 from rpt.utils import UserError, argument_error, write_json_atomic
 

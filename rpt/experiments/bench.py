@@ -9,7 +9,7 @@
 3. Labelling throughput: BM25 candidates (ours vs bm25s vs rank_bm25) and the scorer (benchmarks/bench_labels.py).
 4. At scale (`rpt bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
    and labels, each in a fresh process (peak RSS never goes down within one): time per update and its ratio to xl,
-   peak memory next to the pre-flight estimate (rpt.train.memory), the largest batch whose estimate fits a memory
+   peak memory next to the pre-flight estimate (rpt.train.footprint), the largest batch whose estimate fits a memory
    budget, and MFU on a GPU; the LM loss with full logits and chunked, side by side.
 
 Numbers from a shared machine are meaningless: run it alone.
@@ -33,7 +33,7 @@ import torch
 from rpt.config import VARIANTS, RPTConfig
 from rpt.model.decoder import set_activation_checkpointing
 from rpt.model.registry import build_model, spec
-from rpt.train.memory import count_parameters
+from rpt.train.footprint import count_parameters
 from rpt.utils import UserError, write_json_atomic
 
 # dense bf16 peak FLOP/s used for MFU (vendor datasheets)
@@ -283,8 +283,8 @@ def measure_step(**spec: Any) -> dict[str, Any]:
 
 
 def largest_batch(cfg: RPTConfig, budget_bytes: float, device: str, limit: int = 4096) -> int:
-    """The largest batch size whose step estimate (rpt.train.memory) fits in `budget_bytes` (0 if none does)."""
-    from rpt.train.memory import estimate_step_memory
+    """The largest batch size whose step estimate (rpt.train.footprint) fits in `budget_bytes` (0 if none does)."""
+    from rpt.train.footprint import estimate_step_memory
 
     best, b = 0, 1
     while b <= limit:
@@ -312,7 +312,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
     memory available now). measure=False: estimates only (a config too big for this machine). compile_modes: (False,
     True) measures every variant eager and under torch.compile; time_vs_xl compares rows of one mode, and a compiled
     row's compile_speedup is the eager row's time over its own."""
-    from rpt.train.memory import available_bytes, estimate_step_memory
+    from rpt.train.footprint import available_bytes, estimate_step_memory
 
     gpu_missing = device.startswith("cuda") and not torch.cuda.is_available()
     if gpu_missing and measure:
@@ -351,7 +351,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
 
 
 def format_scale_row(r: dict[str, Any]) -> str:
-    from rpt.train.memory import gib
+    from rpt.train.footprint import gib
 
     loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
     name = r["variant"] + (" compiled" if r.get("compile") else "")
@@ -372,7 +372,7 @@ def format_scale_row(r: dict[str, Any]) -> str:
 
 
 def format_scale(r: dict[str, Any]) -> str:
-    from rpt.train.memory import gib
+    from rpt.train.footprint import gib
 
     budget = f", budget {gib(r['budget_bytes'])}" if r.get("budget_bytes") else ""
     lines = [f"training step at scale: preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, "
@@ -387,8 +387,8 @@ def bench_eval_scaling(tokens: np.ndarray, lengths: list[int], *, preset: str = 
                        vocab_size: int = 2048, segment_len: int | None = None, memory: str = "auto",
                        device: str = "cpu") -> dict[str, Any]:
     """Evaluate prefixes of one long token stream with a fresh model-sized cache; time and memory per length."""
-    from rpt.eval.memory import make_memory
     from rpt.eval.perplexity import evaluate_document
+    from rpt.model.memory import make_memory
     cfg = RPTConfig.from_preset(preset, variant=variant, vocab_size=vocab_size)
     if segment_len:
         cfg.model.segment_len = segment_len

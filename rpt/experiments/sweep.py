@@ -191,7 +191,7 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
     from rpt.data.store import StoreError
     from rpt.labels.store import LabelError
     from rpt.train.data import LabelMismatch, check_labels, open_labels, open_store
-    from rpt.train.memory import check_fits
+    from rpt.train.footprint import check_fits
 
     try:
         if labels is not None:

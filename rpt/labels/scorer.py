@@ -381,6 +381,10 @@ def load_scorer(name_or_path: str, gguf_file: str | None = None, device: str | t
     if name_or_path == "smollm2":
         return share_prefixes(HFScorer.from_pretrained(smollm2_path(), device=device, batch_size=batch_size),
                               shared_prefix)
+    if is_rpt_export(name_or_path):
+        raise argument_error("scorer", name_or_path, "an `rpt export` folder: score with the run or checkpoint it "
+                             "was exported from, or load it with rpt.load and wrap its model with "
+                             "rpt.labels.scorer.model_scorer (rpt label --scorer does this)", ValueError)
     if is_rpt_checkpoint(name_or_path):
         return rpt_checkpoint_scorer(name_or_path, device=device, batch_size=batch_size, store_tokenizer=store_tokenizer)
     online = check_scorer_name(name_or_path, gguf_file)
@@ -404,15 +408,14 @@ def check_scorer_name(name_or_path: str, gguf_file: str | None = None) -> bool:
 
 def is_rpt_checkpoint(path: str | Path) -> bool:
     p = Path(path)
-    # ours hold state.json beside model.safetensors (a Hugging Face folder has config.json instead); an `rpt export`
-    # folder is a Hugging Face folder of model type rpt
-    return (((p / "model.safetensors").is_file() and (p / "state.json").is_file()) or (p / "checkpoints").is_dir()
-            or _is_rpt_export(p))
+    # ours hold state.json beside model.safetensors (a Hugging Face folder has config.json instead)
+    return ((p / "model.safetensors").is_file() and (p / "state.json").is_file()) or (p / "checkpoints").is_dir()
 
 
-def _is_rpt_export(p: Path) -> bool:
+def is_rpt_export(path: str | Path) -> bool:
+    """An `rpt export` folder: a Hugging Face folder of model type rpt (loaded by `rpt.load`, then `model_scorer`)."""
     try:
-        return json.loads((p / "config.json").read_text()).get("model_type") == "rpt"
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type") == "rpt"
     except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
@@ -423,28 +426,26 @@ def rpt_checkpoint_scorer(path: str | Path, device: str | torch.device = "auto",
     help beyond their own retrieval inside the short scoring context, so an `xl` scorer is the natural choice)."""
     from rpt.checkpoint import checkpoint_tokenizer, load_model, resolve_checkpoint
 
+    folder = resolve_checkpoint(path)
     dev = resolve_device(device)
-    if _is_rpt_export(Path(path)):  # an `rpt export` folder: the rpt model inside, the tokenizer beside it
-        from rpt.data.tokenizer import Tokenizer
-        from rpt.hf import RPTForCausalLM
+    model, cfg = load_model(folder, dev)
+    return model_scorer(model, str(folder), checkpoint_tokenizer(folder, cfg), store_tokenizer, batch_size)
 
-        folder = Path(path)
-        model = RPTForCausalLM.from_pretrained(str(folder)).model.to(dev).eval()
-        tok_file = folder / "tokenizer.json"
-        tok = Tokenizer.from_file(tok_file).identity if tok_file.is_file() else None
-    else:
-        folder = resolve_checkpoint(path)
-        model, cfg = load_model(folder, dev)
-        tok = checkpoint_tokenizer(folder, cfg)
-    if store_tokenizer is not None and tok is not None and tok.get("hash") != store_tokenizer.get("hash"):
-        raise ValueError(f"scorer checkpoint {folder} was trained with tokenizer {tok.get('name')} ({tok.get('hash')}), "
-                         f"the store uses {store_tokenizer.get('name')} ({store_tokenizer.get('hash')}): our checkpoints "
+
+def model_scorer(model: torch.nn.Module, name: str, tokenizer: dict | None, store_tokenizer: dict | None = None,
+                 batch_size: int = 32) -> CallableScorer:
+    """A CallableScorer around an rpt model that reads the store's token ids directly: `tokenizer` (its identity, when
+    known) must be the store's (`store_tokenizer`)."""
+    if store_tokenizer is not None and tokenizer is not None and tokenizer.get("hash") != store_tokenizer.get("hash"):
+        raise ValueError(f"scorer {name} was trained with tokenizer {tokenizer.get('name')} ({tokenizer.get('hash')}), "
+                         f"the store uses {store_tokenizer.get('name')} ({store_tokenizer.get('hash')}): our models "
                          "score token ids, so they must share the store's tokenizer")
+    dev = next(model.parameters()).device
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return model(ids).logits  # right padding is inert for a causal model
 
-    return CallableScorer(forward, name=str(folder), tokenizer=None, device=dev, batch_size=batch_size)
+    return CallableScorer(forward, name=name, tokenizer=None, device=dev, batch_size=batch_size)
 
 
 def target_scores(scorer: Scorer, chunks: np.ndarray, queries: np.ndarray, candidates: np.ndarray,

@@ -21,7 +21,7 @@ from torch import nn
 
 from rpt.config import ModelConfig, RPTConfig
 from rpt.model.layers import RMSNorm, init_weights, rotary_cos_sin, set_attention_dropout
-from rpt.train.losses import Sum, lm_loss, lm_loss_chunked
+from rpt.model.loss import Sum, lm_loss, lm_loss_chunked
 
 
 @dataclass
@@ -91,7 +91,7 @@ class TiedLM:
     @classmethod
     def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
         """Activation elements one sequence of T tokens keeps for the backward pass in the decoder layers (the
-        pre-flight memory estimate, rpt.train.memory). xl's layers; a variant with other layers says what they keep
+        pre-flight memory estimate, rpt.train.footprint). xl's layers; a variant with other layers says what they keep
         (the retrieval path of retro / rpt is counted apart, by the estimate)."""
         return T * cfg.n_layers * cls.attention_layer_elements(cfg, math_attention)
 

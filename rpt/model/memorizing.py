@@ -44,7 +44,7 @@ tokens of segments 0 .. s-2, the last memory_tokens of them) is one batched [B, 
 (a loop over segments, never over tokens). `new_cache` + `step` compute the same function token by token or segment
 by segment: a segment's unrotated keys and values enter the `TokenMemory` when it leaves the window. The two agree up
 to float rounding, except that an exact top-k may swap two entries whose scores tie to rounding (about one query in
-1e5 in the tests' random models). Evaluation passes `new_cache` the chunk-memory factory of `rpt.eval.memory`; it is
+1e5 in the tests' random models). Evaluation passes `new_cache` the chunk-memory factory of `rpt.model.memory`; it is
 read as the token memory of the same kind (torch on GPU, Faiss on CPU).
 
 Dimension letters: B batch, T tokens, S segment length, H heads, E head dim, D width, V vocabulary, L tokens in the
@@ -416,7 +416,7 @@ class MemorizingTransformer(SegmentDecoder):
         """A fresh cache, with an empty token memory, for one batch of documents (start every document with a new one).
 
         memory: None or "torch" (matmul), "faiss", "auto" (torch on GPU, Faiss on CPU); a factory capacity -> an empty
-        `TokenMemory`; an empty `TokenMemory`; or the chunk-memory factory of `rpt.eval.memory.make_memory` that the
+        `TokenMemory`; an empty `TokenMemory`; or the chunk-memory factory of `rpt.model.memory.make_memory` that the
         evaluation passes every variant (`TorchMemory` / `FaissMemory`), read as the token memory of the same kind."""
         cap = self.cfg.memory_tokens
         mem: TokenMemory
@@ -429,7 +429,7 @@ class MemorizingTransformer(SegmentDecoder):
             device = next(self.parameters()).device
             mem = token_memory_factory(memory or "torch", device)(cap)  # type: ignore[arg-type]
         elif _is_chunk_memory_factory(memory):
-            from rpt.eval.memory import memory_name
+            from rpt.model.memory import memory_name
 
             mem = token_memory_factory(memory_name(memory))(cap)  # type: ignore[arg-type]
         else:

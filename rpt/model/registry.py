@@ -22,7 +22,7 @@ serve all of them without asking which one they hold:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 
@@ -74,9 +74,19 @@ def model_class(variant: str) -> type[nn.Module]:
     return getattr(importlib.import_module(s.module), s.cls)
 
 
-def build_model(cfg: ModelConfig, seed: int | None = None) -> nn.Module:
+def build_model(cfg: ModelConfig | str, seed: int | None = None, **fields: Any) -> nn.Module:
     """The model of `cfg.variant`, initialised from `seed` (None: drawn from torch's global generator); with
-    cfg.backbone, that pretrained LM retrofitted (`rpt.model.retrofit.RetrofitRPT`)."""
+    cfg.backbone, that pretrained LM retrofitted (`rpt.model.retrofit.RetrofitRPT`).
+
+    cfg: a ModelConfig, or a preset name with model fields, e.g.
+    ``build_model("tiny", variant="griffin", vocab_size=1000)`` (every variant, the baselines included)."""
+    if isinstance(cfg, str):
+        from rpt.config import RPTConfig
+
+        cfg = RPTConfig.from_preset(cfg, **fields).model
+        cfg.validate()
+    elif fields:
+        raise TypeError("build_model: model fields go with a preset name; a ModelConfig carries its own")
     if cfg.backbone:
         from rpt.model.retrofit import RetrofitRPT
 

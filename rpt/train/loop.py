@@ -44,6 +44,7 @@ from rpt.model.registry import spec
 from rpt.outputs import Owner, claim_folder, mark_folder, write_text
 from rpt.train import distributed as D
 from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
+from rpt.train.footprint import check_fits
 from rpt.train.losses import (
     Sum,
     count_pairs,
@@ -54,7 +55,6 @@ from rpt.train.losses import (
     recall_at_k,
     relevance_from_candidates,
 )
-from rpt.train.memory import check_fits
 from rpt.train.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
 from rpt.utils import RPTWarning, UserError, argument_error
@@ -381,7 +381,7 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     model_factory: builds the model from cfg.model (default rpt.RPT); the model must follow RPT's forward signature.
     on_step: called on every rank after each update with (updates done, that step's metrics).
     memory_check: refuse, before anything is built, a config whose step cannot fit in the memory available
-        (rpt.train.memory: the estimate and its parts are in the message).
+        (rpt.train.footprint: the estimate and its parts are in the message).
     cfg.train.init_from: start from that run's or checkpoint's weights (those whose name and shape match; ignored when
         resuming); TrainResult.init says what was loaded.
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
@@ -700,7 +700,7 @@ def validation_loss(model: nn.Module, data: SequenceDataset, mcfg: ModelConfig, 
     sharded over ranks. The model reads what it reads at evaluation: its own retriever (rpt-lex, rpt-sem), BM25's
     neighbours of each query chunk (retro: `rpt.eval.perplexity.bm25_neighbors`, causal statistics), nothing (xl and
     the baselines). Leaves the model in train mode."""
-    from rpt.eval.perplexity import bm25_neighbors
+    from rpt.labels.bm25 import bm25_neighbors
 
     n = min(len(data), n_sequences if n_sequences is not None else 16)
     mine = list(range(info.rank, n, info.world_size))

@@ -8,9 +8,8 @@ import torch
 from eval_helpers import M, S, doc_tokens, make_model
 
 from rpt.chunks import last_retrievable
-from rpt.eval.memory import FaissMemory, make_memory, memory_name
 from rpt.eval.perplexity import evaluate_document
-from rpt.model.memory import TorchMemory
+from rpt.model.memory import FaissMemory, TorchMemory, make_memory, memory_name
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 needs_faiss = pytest.mark.skipif(not HAS_FAISS, reason="faiss not installed (pip install -e .[faiss])")
@@ -98,7 +97,7 @@ def test_make_memory_with_faiss():
 
 
 def test_auto_falls_back_to_torch_without_faiss(monkeypatch):
-    import rpt.eval.memory as mem_mod
+    import rpt.model.memory as mem_mod
     from rpt.utils import MissingDependency
 
     def missing(module, purpose=""):

@@ -13,10 +13,10 @@ from eval_helpers import M, make_model, make_store, word_tokenizer, write_doc_la
 
 from rpt.config import RPTConfig
 from rpt.data.store import TokenStore
-from rpt.eval.memory import TorchMemory
 from rpt.eval.perplexity import evaluate, oracle_neighbors, scored_queries, scored_sums, summarize
 from rpt.experiments.compare import compare, to_markdown
 from rpt.labels.store import LabelStore
+from rpt.model.memory import TorchMemory
 
 
 def test_scored_sums_hand_case():

@@ -198,7 +198,7 @@ def test_gpu_evaluation_equals_cpu():
     """On a GPU: the torch memory (auto) and the Faiss memory (CPU index, CUDA queries) give the CPU result."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from rpt.eval.memory import FaissMemory, make_memory
+    from rpt.model.memory import FaissMemory, make_memory
 
     model = make_model("rpt-sem")
     toks = doc_tokens(30 * M + 5, seed=9)

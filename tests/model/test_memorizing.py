@@ -238,8 +238,7 @@ def test_faiss_and_torch_memories_give_the_same_top_k():
 def test_new_cache_memory_arguments():
     """None / "torch" / "faiss" / "auto"; the chunk-memory factories evaluation passes (make_memory); a token-memory
     factory; an empty memory. A memory holding tokens (another document's) is refused: every document starts empty."""
-    from rpt.eval.memory import make_memory
-    from rpt.model.memory import TorchMemory
+    from rpt.model.memory import TorchMemory, make_memory
 
     model = make()
     assert type(model.new_cache().memory) is TorchTokenMemory
@@ -266,8 +265,8 @@ def test_new_cache_memory_arguments():
 def test_long_document_evaluation_runs_it():
     """rpt.eval.perplexity.evaluate_document passes the chunk-memory factory of make_memory: torch and Faiss give the
     same NLL, and the result reports the token memory and the window."""
-    from rpt.eval.memory import make_memory
     from rpt.eval.perplexity import evaluate_document
+    from rpt.model.memory import make_memory
 
     model = make(memory_tokens=200, memory_topk=8)
     doc = torch.randint(0, V, (4 * S + 20,))

@@ -15,8 +15,8 @@ import torch
 from rpt import RPTConfig
 from rpt.chunks import retrievable_mask
 from rpt.config import VARIANTS
-from rpt.eval.memory import make_memory
 from rpt.generate import filter_logits
+from rpt.model.memory import make_memory
 from rpt.model.registry import build_model, spec
 from rpt.train.losses import lm_loss, relevance_from_candidates
 from rpt.train.schedules import gold_neighbors, sample_gold_mask
