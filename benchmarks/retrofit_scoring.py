@@ -1,6 +1,6 @@
 """Scored candidate pairs per second with a backbone as the scoring LM: every context run from its first token
 (`HFScorer`) against each candidate's (c_j, c_j+1) computed once and shared by the queries that score it
-(`rpt.labels.prefix_scorer.SharedPrefixScorer`); both on the same queries of one document, with the largest
+(`rpt.labels.scorer.SharedPrefixScorer`); both on the same queries of one document, with the largest
 difference between their target scores. docs/results/retrofit.md reports it. Run it alone.
 
     OMP_NUM_THREADS=1 python benchmarks/retrofit_scoring.py --backbone FOLDER --store STORE --queries 32 --k 4 \
@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rpt.data.store import open_split  # noqa: E402
 from rpt.labels.bm25 import bm25_candidates  # noqa: E402
-from rpt.labels.prefix_scorer import SharedPrefixScorer  # noqa: E402
-from rpt.labels.scorer import HFScorer, target_scores  # noqa: E402
+from rpt.labels.scorer import HFScorer, SharedPrefixScorer, target_scores  # noqa: E402
 from rpt.model.backbone import load_backbone, load_tokenizer  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from test_prefix_scorer import TEXT, byte_bpe
 def test_label_with_a_llama_scorer_shares_prefixes_and_gives_the_same_labels(tmp_path, monkeypatch):
     from rpt.cli import main
     from rpt.labels import scorer as scorers
-    from rpt.labels.prefix_scorer import SharedPrefixScorer
+    from rpt.labels.scorer import SharedPrefixScorer
     from rpt.labels.store import LabelStore
 
     tok = byte_bpe()
@@ -49,8 +49,7 @@ def test_label_with_a_llama_scorer_shares_prefixes_and_gives_the_same_labels(tmp
 
 
 def test_load_scorer_shares_prefixes_of_llama_folders_only(tmp_path):
-    from rpt.labels.prefix_scorer import SharedPrefixScorer
-    from rpt.labels.scorer import HFScorer, load_scorer
+    from rpt.labels.scorer import HFScorer, SharedPrefixScorer, load_scorer
 
     tok = byte_bpe()
     folder = tmp_path / "llama"

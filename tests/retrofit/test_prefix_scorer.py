@@ -1,4 +1,4 @@
-"""The shared-prefix scorer (rpt/labels/prefix_scorer.py) gives HFScorer's target scores with fewer tokens run."""
+"""The shared-prefix scorer (rpt/labels/scorer.py) gives HFScorer's target scores with fewer tokens run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from retrofit_helpers import tiny_llama
 
-from rpt.labels.prefix_scorer import SharedPrefixScorer
-from rpt.labels.scorer import HFScorer, target_scores
+from rpt.labels.scorer import HFScorer, SharedPrefixScorer, target_scores
 
 TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
         "        self.y = y\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n") * 6
