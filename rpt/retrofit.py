@@ -36,7 +36,9 @@ def backbone_fields(path: str | Path, lower: int = 0, cca_layers: list[int] | No
         raise UserError(f"backbone {path}: cannot read its config ({str(e).splitlines()[0]})") from None
     n_layers = int(c.num_hidden_layers)
     n_lower = lower or n_layers // 2
-    return {"model.backbone": str(path), "model.d_model": int(c.hidden_size), "model.n_layers": n_layers,
+    # recorded as an absolute path: a checkpoint names its backbone, and is read from any working directory
+    return {"model.backbone": str(Path(path).expanduser().absolute()), "model.d_model": int(c.hidden_size),
+            "model.n_layers": n_layers,
             "model.n_heads": int(c.num_attention_heads), "model.vocab_size": int(c.vocab_size),
             "model.mlp_hidden": int(c.intermediate_size),
             "model.cca_layers": list(cca_layers) if cca_layers is not None else default_cca_layers(n_layers, n_lower)}
