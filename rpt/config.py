@@ -246,8 +246,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_last: int = 3
     # validation: the LM loss on the first val_sequences sequences of the store's validation split every val_every
-    # updates and at the end (0: never), each with a checkpoint; the one of the lowest loss is kept in <out_dir>/best
-    val_every: int = 0
+    # updates and at the end, each with a checkpoint; the one of the lowest loss is kept in <out_dir>/best.
+    # -1 (default): at every checkpoint when the store has a validation split, else never; 0: never
+    val_every: int = -1
     val_sequences: int = 16
     log_every: int = 10
     tensorboard: bool = False
@@ -382,7 +383,7 @@ def check_ranges(cfg: RPTConfig) -> None:
         "train.neighbor_lr_scale": at_least(0), "train.gate_hold_steps": at_least(0),
         "train.prefix_negatives": at_least(0),
         "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
-        "train.val_every": at_least(0), "train.val_sequences": at_least(1),
+        "train.val_every": at_least(-1), "train.val_sequences": at_least(1),
         "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
         "eval.max_documents": at_least(0),
     }

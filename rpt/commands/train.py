@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 HELP = ("train a model (xl, retro, rpt-lex, rpt-sem or a baseline: memorizing, block-recurrent, griffin) on a token "
@@ -38,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, help="training sequence length (data.seq_len)")
     p.add_argument("--seed", type=int, help="train.seed")
     p.add_argument("--val-every", type=int, metavar="N", help="validation loss on the store's validation split every N "
-                   "updates and at the end, the best checkpoint kept in <out>/best (train.val_every; default 0: never)")
+                   "updates and at the end, the best checkpoint kept in <out>/best (train.val_every; default -1: at "
+                   "every checkpoint when the store has a validation split; 0: never)")
     p.add_argument("--init-from", metavar="RUN_OR_CHECKPOINT",
                    help="start from another run's weights (its newest checkpoint, or the checkpoint named): those whose "
                    "name and shape match this model's are loaded, the rest initialised; not its optimiser, step or RNG. "
@@ -118,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     m = result.metrics
     loss = f", lm loss {m['lm_loss']:.4f}" if "lm_loss" in m else ""
+    best = ""
+    if result.best is not None:
+        b = result.best
+        best = f"; best {b['path']} (step {b['step']}, validation ppl {math.exp(min(b['val_loss'], 700.0)):.2f})"
     print(f"trained {cfg.model.variant} to step {result.step}{loss}; checkpoint {result.checkpoint}; "
-          f"log {result.out_dir / 'log.jsonl'}")
+          f"log {result.out_dir / 'log.jsonl'}{best}")
     return 0

@@ -127,6 +127,7 @@ class TrainResult:
     checkpoint: Path | None  # the newest checkpoint
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged line
     init: ckpt_io.WeightInit | None = None  # what train.init_from loaded (None: from scratch, or a resumed run)
+    best: dict[str, Any] | None = None  # the checkpoint of the lowest validation loss: step, val_loss, path
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -427,7 +428,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels,
                               prefix_len=tc.prefix_negatives if mcfg.has_retriever else 0)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
-    validation = _validation_set(store_root if store_root is not None else cfg.data.store, cfg) if tc.val_every else None
+    validation, val_every = _validation(store_root if store_root is not None else cfg.data.store, cfg)
     if tc.wandb and info.is_main:
         from rpt.train.tracking import require_wandb
 
@@ -592,7 +593,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             log.tick()
             interrupted = _agreed(stop.requested, info, dev)
             done = step == tc.steps or (stop_after is not None and step - start >= stop_after) or interrupted
-            validate_now = validation is not None and (step % tc.val_every == 0 or step == tc.steps)
+            validate_now = validation is not None and (step % val_every == 0 or step == tc.steps)
             checkpoint_now = step % tc.checkpoint_every == 0 or done or validate_now
             # a checkpoint also closes the log window, so a resumed run logs exactly what an uninterrupted one does
             if step % tc.log_every == 0 or checkpoint_now:
@@ -623,7 +624,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         path = ckpt_io.latest(out_dir)
         raise TrainingInterrupted(f"stopped at step {step} of {tc.steps}; checkpoint {path}: run the same command to "
                                   "resume")
-    return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row, init=init)
+    best_info = None if best is None else {**best, "path": str(out_dir / "best")}
+    return TrainResult(step=step, out_dir=out_dir, checkpoint=ckpt_io.latest(out_dir), metrics=last_row, init=init,
+                       best=best_info)
 
 
 def _agreed(flag: bool, info: D.DistInfo, dev: torch.device) -> bool:
@@ -673,6 +676,20 @@ def _init_source(init_from: str, store: Any) -> Path:
 
 # --------------------------------------------------------------------------------------------------------------
 # validation and the best checkpoint
+
+
+def _validation(store_root: str | Path, cfg: RPTConfig) -> tuple[SequenceDataset | None, int]:
+    """(the validation sequences, validate every this many updates), or (None, 0): train.val_every -1 validates at
+    every checkpoint when the store has a usable validation split, and quietly never when it has none."""
+    every = cfg.train.val_every
+    if every == 0:
+        return None, 0
+    if every > 0:
+        return _validation_set(store_root, cfg), every
+    try:
+        return _validation_set(store_root, cfg), cfg.train.checkpoint_every
+    except ValueError:
+        return None, 0
 
 
 def _validation_set(store_root: str | Path, cfg: RPTConfig) -> SequenceDataset:

@@ -61,8 +61,21 @@ def test_validation_needs_a_validation_split(corpus):
     cfg = tiny_config(corpus["tmp"], "xl", val_every=2)
     with pytest.raises(ValueError, match="validation split"):
         train(cfg, corpus["root"], progress=False, memory_check=False)
-    with pytest.raises(ValueError, match="val_every must be >= 0"):
-        train(tiny_config(corpus["tmp"], "xl", val_every=-1), corpus["root"], progress=False, memory_check=False)
+    with pytest.raises(ValueError, match="val_every must be >= -1"):
+        train(tiny_config(corpus["tmp"], "xl", val_every=-2), corpus["root"], progress=False, memory_check=False)
+
+
+def test_by_default_validation_runs_at_every_checkpoint_when_the_store_has_a_validation_split(corpus):
+    cfg = tiny_config(corpus["tmp"], "xl", steps=4, checkpoint_every=2)  # val_every -1: the default
+    assert cfg.train.val_every == -1
+    result = train(cfg, corpus["root"], progress=False, memory_check=False)  # no validation split: none, no error
+    assert result.best is None and not (corpus["tmp"] / "run" / "best").exists()
+    make_store(corpus["root"] / "validation", [128, 96, 64], seed=5)
+    cfg = tiny_config(corpus["tmp"], "xl", steps=4, checkpoint_every=2, out_dir=str(corpus["tmp"] / "run2"))
+    result = train(cfg, corpus["root"], progress=False, memory_check=False)
+    rows = [json.loads(line) for line in (corpus["tmp"] / "run2" / "log.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows if "val_loss" in r) == [2, 4]
+    assert result.best is not None and result.best["path"].endswith("best") and result.best["step"] in (2, 4)
 
 
 class _Info:
