@@ -157,7 +157,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", nargs="+", required=True, help="run or checkpoint folders of retrofits: one per seed")
     p.add_argument("--store", required=True, help="token store root tokenized with the backbone's tokenizer")
@@ -171,7 +171,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", required=True, help="result JSON")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parser().parse_args(argv)
     import torch
 
     from rpt.checkpoint import checkpoint_config, resolve_checkpoint

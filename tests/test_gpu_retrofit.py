@@ -1,0 +1,58 @@
+"""scripts/gpu_retrofit.sh (the retrofit measurement on one GPU): its dry run prints every command, each of which
+parses, and runs none; without a GPU and not dry it refuses in one line."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpt.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_retrofit.sh"
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHON": sys.executable, "RPT": "rpt", **env}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, env=full)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_the_dry_run_prints_every_command_and_runs_none(tmp_path, recording_command, benchmark_script, how):
+    rpt = recording_command("rpt")
+    out = tmp_path / "gr"
+    r = (run(str(out), "--dry-run", RPT=str(rpt), BACKBONE="/models/smollm2.gguf") if how == "flag"
+         else run(str(out), RPT=str(rpt), BACKBONE="/models/smollm2.gguf", DRY_RUN="1"))
+    assert r.returncode == 0, r.stderr
+    assert recording_command.calls("rpt") == [] and not out.exists(), "a dry run runs nothing"
+    lines = [shlex.split(line[2:]) for line in r.stdout.splitlines() if line.startswith("+ ")]
+    assert len(lines) == 2 * (2 + 3 + 1), r.stdout  # two domains: prepare, label, three seeds, eval
+    parser = build_parser()
+    verbs = []
+    for argv in lines:
+        if argv[0] == str(rpt):
+            args = parser.parse_args(argv[1:])
+            verbs.append(argv[1])
+            if argv[1] == "train":
+                assert args.backbone == "/models/smollm2.gguf" and args.device == "cuda" and args.precision == "bf16"
+            if argv[1] == "prepare":
+                assert args.tokenizer == "/models/smollm2.gguf" and args.corpus in ("stdlib", "kjv")
+        else:
+            assert argv[:2] == [sys.executable, "benchmarks/retrofit_eval.py"]
+            args = benchmark_script("retrofit_eval").parser().parse_args(argv[2:])
+            assert len(args.checkpoint) == 3 and args.device == "cuda"
+            verbs.append("eval")
+    assert verbs == ["prepare", "label", "train", "train", "train", "eval"] * 2
+
+
+def test_refusals_are_one_line(tmp_path):
+    r = run(str(tmp_path / "gr"), "--bogus")
+    assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    if not torch.cuda.is_available():
+        r = run(str(tmp_path / "gr"), BACKBONE="/models/smollm2.gguf")
+        assert r.returncode == 2 and "no CUDA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "gr").exists()
