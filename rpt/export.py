@@ -95,6 +95,9 @@ def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]],
         f"| training data | store `{info['store']}`, spans of {info['seq_len']:,} tokens |",
         f"| training steps | {_fmt(info['step'])} of {info['planned_steps']:,} planned |",
         f"| checkpoint | `{info['checkpoint']}` |",
+        *([f"| backbone | `{info['backbone']}`: a pretrained model retrofitted with retrieval; its weights are not in "
+           "this folder but read from that path when the model loads (keep it there), under the backbone's own "
+           "licence |"] if info.get("backbone") else []),
         "",
         "## Evaluation",
         "",
@@ -178,7 +181,8 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
                                                       ("d_model", "n_layers", "n_heads", "chunk_size", "segment_len",
                                                        "vocab_size")},
             "tokenizer": tok.name if tok is not None else None, "store": cfg.data.store, "seq_len": cfg.data.seq_len,
-            "step": state.get("step"), "planned_steps": cfg.train.steps, "checkpoint": str(folder)}
+            "step": state.get("step"), "planned_steps": cfg.train.steps, "checkpoint": str(folder),
+            "backbone": mcfg.backbone}
     if tok is None:
         warnings.warn(f"no tokenizer found for {folder} (neither beside it nor beside its store {cfg.data.store}): "
                       f"{out} holds no tokenizer", RPTWarning, stacklevel=2)

@@ -166,6 +166,24 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         self.model = model if model is not None else build_model(config.to_model_config(), seed=0)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """transformers' `from_pretrained`; a retrofit (config.backbone set) is then rebuilt around its backbone, whose
+        weights are read from that path: transformers builds the model on the meta device, and the folder holds only
+        the parts the retrofit adds."""
+        model = super().from_pretrained(*args, **kwargs)
+        if getattr(model.config, "backbone", ""):
+            from rpt.model.registry import build_model
+
+            new = model.model.state_dict()  # the retrofit's own tensors (RetrofitRPT.state_dict), loaded
+            full = build_model(model.config.to_model_config(), seed=0)
+            full.load_state_dict(new)
+            first = next(iter(new.values()), None)
+            if first is not None:
+                full.to(device=first.device, dtype=first.dtype)
+            model.model = full.train(model.model.training)
+        return model
+
     # -- transformers hooks ------------------------------------------------------------------------------------
     def _init_weights(self, module: torch.nn.Module) -> None:
         # the rpt model initialises its own weights; only non-persistent buffers (never saved) are rebuilt here
