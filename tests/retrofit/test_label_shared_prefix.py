@@ -4,8 +4,7 @@ those of the unshared scorer."""
 from __future__ import annotations
 
 import numpy as np
-from retrofit_helpers import tiny_llama
-from test_prefix_scorer import TEXT, byte_bpe
+from retrofit_helpers import TEXT, byte_bpe, tiny_llama
 
 
 def test_label_with_a_llama_scorer_shares_prefixes_and_gives_the_same_labels(tmp_path, monkeypatch):

@@ -4,26 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from retrofit_helpers import tiny_llama
+from retrofit_helpers import TEXT, byte_bpe, tiny_llama
 
 from rpt.labels.scorer import HFScorer, SharedPrefixScorer, target_scores
-
-TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
-        "        self.y = y\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n") * 6
-
-
-def byte_bpe(vocab: int = 300):
-    """A byte-level BPE trained on TEXT that puts BOS (id 1) before every text, as Llama's tokenizers do."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
 @pytest.mark.parametrize("batch_size", [3, 64])

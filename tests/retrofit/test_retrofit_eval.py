@@ -6,36 +6,11 @@ from __future__ import annotations
 import json
 import math
 
-from retrofit_helpers import tiny_llama
-from test_prefix_scorer import TEXT, byte_bpe
 
-
-def retrofit_run(tmp_path):
-    import rpt
-
-    tok = byte_bpe()
-    backbone = tmp_path / "llama"
-    tiny_llama(vocab=len(tok)).save_pretrained(backbone)
-    tok.save_pretrained(backbone)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for n in range(3):
-        (corpus / f"m{n}.py").write_text(f"# {n}\n" + TEXT)
-    store = tmp_path / "store"
-    rpt.prepare(corpus, store, tokenizer=str(backbone), chunk_size=8, splits=["train"])
-    labels = rpt.label(store, "train", kind="lex", span=64, segment_len=16, k=4)
-    run = tmp_path / "run"
-    rpt.train("tiny", store, run, labels=labels, backbone=str(backbone), variant="rpt-lex", steps=2,
-              **{"model.chunk_size": 8, "model.segment_len": 16, "data.chunk_size": 8, "data.seq_len": 64,
-                 "model.dropout": 0.0, "model.cca_layers": [2, 3], "train.warmup_steps": 1,
-                 "train.alpha_ramp_steps": 1, "batch_size": 2})
-    return store, run
-
-
-def test_every_control_in_one_json_and_table(tmp_path, benchmark_script, capsys):
+def test_every_control_in_one_json_and_table(retrofit_run, tmp_path, benchmark_script, capsys):
     from rpt.cli import main
 
-    store, run = retrofit_run(tmp_path)
+    store, run = retrofit_run
     assert main(["eval", "--checkpoint", str(run), "--store", str(store), "--split", "train", "--source", "none",
                  "--max-documents", "1", "--out", str(tmp_path / "none.json"), "--no-progress"]) == 0
     script = benchmark_script("retrofit_eval")

@@ -7,22 +7,21 @@ from __future__ import annotations
 import json
 
 import torch
-from test_prefix_scorer import TEXT
-from test_retrofit_eval import retrofit_run
+from retrofit_helpers import TEXT
 
 
-def test_export_loads_with_auto_classes_and_generates_with_retrieval(tmp_path, capsys):
+def test_export_loads_with_auto_classes_and_generates_with_retrieval(retrofit_run, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     import rpt
     from rpt.cli import main
 
-    store, run = retrofit_run(tmp_path)
+    store, run = retrofit_run
     assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["model_type"] == "rpt" and config["backbone"] == str(tmp_path / "llama")
+    assert config["model_type"] == "rpt" and config["backbone"] == str(run.parent / "llama")
     card = (tmp_path / "hf" / "README.md").read_text()
-    assert str(tmp_path / "llama") in card and "licence" in card
+    assert str(run.parent / "llama") in card and "licence" in card
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     ours = rpt.load(run, device="cpu").model.eval()
     x = torch.tensor([list(range(3, 67))])
