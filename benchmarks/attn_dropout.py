@@ -26,7 +26,7 @@ def main(argv: list[str]) -> None:
     from rpt.config import RPTConfig
     from rpt.experiments.bench import machine
     from rpt.model.registry import build_model
-    from rpt.train.losses import forward_lm
+    from rpt.training.losses import forward_lm
 
     opts = dict(a.split("=", 1) for a in argv)
     preset, seq = opts.get("preset", "small"), int(opts.get("seq", 2048))

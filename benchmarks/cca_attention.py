@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     from rpt.experiments.bench import machine, scale_config
     from rpt.model.cca import ChunkedCrossAttention
     from rpt.model.registry import build_model
-    from rpt.train.losses import forward_lm, lambdarank_loss, relevance_from_candidates
+    from rpt.training.losses import forward_lm, lambdarank_loss, relevance_from_candidates
 
     opts = dict(a.split("=", 1) for a in argv)
     preset, seq, batch = opts.get("preset", "tiny"), int(opts.get("seq", 1024)), int(opts.get("batch", 2))

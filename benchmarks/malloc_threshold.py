@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     import numpy as np
 
     from rpt.experiments.bench import machine, measure_step
-    from rpt.train.footprint import gib
+    from rpt.training.footprint import gib
 
     opts = dict(a.split("=", 1) for a in argv)
     preset, seq = opts.get("preset", "tiny"), int(opts.get("seq", 4096))

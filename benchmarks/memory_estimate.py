@@ -1,4 +1,4 @@
-"""The training-step memory estimate (rpt.train.footprint) next to the measured peak, for a grid of configs.
+"""The training-step memory estimate (rpt.training.footprint) next to the measured peak, for a grid of configs.
 
 Each config runs in a fresh process (peak RSS is per process and never goes down) through `rpt.experiments.bench.measure_step`,
 the probe `rpt bench --scale` uses: two training updates on synthetic tokens and labels (forward with the variant's
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
     import yaml
 
     from rpt.experiments.bench import measure_step, scale_config
-    from rpt.train.footprint import estimate_step_memory, gib
+    from rpt.training.footprint import estimate_step_memory, gib
     from rpt.utils import UserError
 
     opts = dict(a.split("=", 1) for a in argv)

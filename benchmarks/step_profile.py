@@ -7,7 +7,7 @@ the machine.
     python benchmarks/step_profile.py store=runs/demo/store steps=20 variants=xl,retro,rpt-lex,rpt-sem \
         out=docs/data/step_profile.json
 
-Every phase calls the training loop's own functions (rpt.train.loop.prepare, RPT.forward with the chunked LM loss,
+Every phase calls the training loop's own functions (rpt.training.loop.prepare, RPT.forward with the chunked LM loss,
 lambdarank_loss, clip_gradients, the optimiser), on the store's real tokens and labels, in one process, variants
 interleaved step by step so that a change in the machine's speed hits every variant alike.
 """
@@ -29,10 +29,10 @@ def main(argv: list[str]) -> None:
     from rpt.experiments.bench import machine
     from rpt.labels.store import LabelStore
     from rpt.model.rpt import RPT
-    from rpt.train.data import BatchStream, SequenceDataset, open_store
-    from rpt.train.loop import prepare
-    from rpt.train.losses import forward_lm, lambdarank_loss
-    from rpt.train.optim import build_optimizer, clip_gradients
+    from rpt.training.data import BatchStream, SequenceDataset, open_store
+    from rpt.training.loop import prepare
+    from rpt.training.losses import forward_lm, lambdarank_loss
+    from rpt.training.optim import build_optimizer, clip_gradients
 
     opts = dict(a.split("=", 1) for a in argv)
     store = Path(opts.get("store", "runs/demo/store"))

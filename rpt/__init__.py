@@ -36,13 +36,12 @@ __all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "buil
 
 hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)
 
-# name -> (module, attribute); imported on first use. `generate` and `train` are modules of rpt that are also callable
-# (rpt.utils.callable_module): rpt.generate(...) runs rpt.api.generate, rpt.train(...) rpt.api.train.
+# name -> (module, attribute); imported on first use
 _LAZY = {"RPT": ("rpt.model.rpt", "RPT"), "build_model": ("rpt.model.registry", "build_model"),
          "load": ("rpt.api", "load"), "label": ("rpt.api", "label"), "evaluate": ("rpt.api", "evaluate"),
          "prepare": ("rpt.api", "prepare"),
          "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.api", "LoadedModel"),
-         "generate": ("rpt.generate", None), "train": ("rpt.train", None)}
+         "generate": ("rpt.api", "generate"), "train": ("rpt.api", "train")}
 
 
 def __getattr__(name: str):

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from rpt.config import RPTConfig
     from rpt.data.prepare import PrepareSummary
     from rpt.data.tokenizer import Tokenizer
-    from rpt.generate import GenerateConfig
+    from rpt.decoding import GenerateConfig
     from rpt.model.rpt import RPT
-    from rpt.train.loop import TrainResult
+    from rpt.training.loop import TrainResult
 
 __all__ = ["EvalResult", "LoadedModel", "evaluate", "generate", "is_exported", "label", "load", "prepare", "train"]
 
@@ -93,9 +93,9 @@ def encode_prompts(loaded: LoadedModel, prompts: Sequence[str], cfg: GenerateCon
 def load_model(path: str | Path, device: str = "cpu", tokenizer: str | Path | None = None,
                allow_other_tokenizer: bool = False) -> LoadedModel:
     """A checkpoint (its folder, its model.safetensors, or a run folder: the newest checkpoint) as a LoadedModel, in
-    eval mode on `device` (`rpt.generate.load_checkpoint`: the tokenizer found and checked). The one place
+    eval mode on `device` (`rpt.decoding.load_checkpoint`: the tokenizer found and checked). The one place
     generation and the explorer load models."""
-    from rpt.generate import load_checkpoint
+    from rpt.decoding import load_checkpoint
 
     return LoadedModel(*load_checkpoint(path, device, tokenizer, allow_other_tokenizer))
 
@@ -189,8 +189,8 @@ def generate(model: Any, prompt: str | Sequence[str], *, max_new_tokens: int = 2
     per chunk fed to CCA (default: the model's). ragged: prompts of different lengths run as separate batches
     ("separate") or are cut on the left to the shortest ("truncate"). memory: the document memory, "auto", "torch"
     or "faiss"."""
-    from rpt.generate import GenerateConfig, memory_factory
-    from rpt.generate import generate as generate_ids
+    from rpt.decoding import GenerateConfig, memory_factory
+    from rpt.decoding import generate as generate_ids
 
     loaded = _loaded(model, device, tokenizer)
     cfg = GenerateConfig(max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
@@ -444,7 +444,7 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
 
         apply_backbone(doc, set(values))
     if doc.get("preset") and "vocab_size" not in doc.get("model", {}):
-        from rpt.train.loop import store_vocab
+        from rpt.training.loop import store_vocab
 
         store_root = doc.get("data", {}).get("store") or RPTConfig.from_preset(doc["preset"]).data.store
         try:
@@ -470,7 +470,7 @@ def train(config: str | Path | RPTConfig, store: str | Path | None = None, out: 
     labels: the retrieval labels of the train split (retro, rpt-lex, rpt-sem; default: the ones `rpt label` writes
     beside the store). Returns a `TrainResult` (`.step`, `.checkpoint`, `.out_dir`, `.metrics`)."""
     from rpt.labels.store import default_labels
-    from rpt.train.loop import train as run_training
+    from rpt.training.loop import train as run_training
 
     cfg = train_config(config, store, out, **overrides)
     if labels is None and cfg.model.uses_retrieval:

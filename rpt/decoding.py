@@ -496,8 +496,3 @@ def read_text_file(path: str | Path, flag: str) -> str:
                         "first, e.g. iconv -f latin1 -t utf-8") from None
     except OSError as e:
         raise UserError(f"{flag} {p}: cannot read it ({e.strerror})") from None
-
-
-from rpt.utils import callable_module  # noqa: E402
-
-callable_module(__name__, "rpt.api.generate")

@@ -160,7 +160,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     checkpoint) as a Hugging Face folder at `out`; returns `out`. `force` replaces an earlier export at `out`; a
     folder holding anything else, or the checkpoint itself, is refused."""
     from rpt.checkpoint import missing_checkpoint, read_state
-    from rpt.generate import load_checkpoint
+    from rpt.decoding import load_checkpoint
     from rpt.hf import RPTForCausalLM, hf_tokenizer
     from rpt.model.registry import spec
 

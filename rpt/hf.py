@@ -84,7 +84,7 @@ class RPTHFConfig(PretrainedConfig):
 
 class DocumentCache:
     """One batch of documents being continued: the model's own cache (`model.new_cache()`), plus, for retro, the
-    token history its BM25 neighbours are computed from (`rpt.generate.Bm25Neighbours`, as `rpt generate` does).
+    token history its BM25 neighbours are computed from (`rpt.decoding.Bm25Neighbours`, as `rpt generate` does).
 
     Rows advance in lockstep; the cache cannot be cropped, split into beams or reordered."""
 
@@ -101,7 +101,7 @@ class DocumentCache:
         self.bm25 = None
         self.history: list[list[int]] = [[] for _ in range(batch_size)]
         if cfg.variant == "retro":
-            from rpt.generate import Bm25Neighbours
+            from rpt.decoding import Bm25Neighbours
 
             self.bm25 = Bm25Neighbours(batch_size, cfg.chunk_size, cfg.segment_len, self.n_neighbors)
 
@@ -269,7 +269,7 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             from rpt.model.decoder import label_targets
-            from rpt.train.losses import lm_loss
+            from rpt.training.losses import lm_loss
 
             targets, mask = label_targets(labels, input_ids, None)  # the model's own loss (`forward(labels=)`)
             loss = lm_loss(logits, targets, mask).mean()

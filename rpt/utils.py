@@ -175,7 +175,9 @@ def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    from rpt.version import __version__
+
+    fig.savefig(path, dpi=dpi, metadata={"Software": f"rpt {__version__}"})  # rpt.outputs.written_by reads it
     plt.close(fig)
     return path
 
@@ -228,26 +230,6 @@ def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"{flag} {text!r}: give one or more distinct seeds, e.g. 0,1,2")
     return seeds
-
-
-class _CallableModule(ModuleType):
-    """A module that can be called: `rpt.generate` and `rpt.train` are both a module of the library and a function of
-    the Python API (`rpt.api`), so that ``import rpt.train.loop`` and ``rpt.train(...)`` both work."""
-
-    __api__: str
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module, _, name = self.__api__.rpartition(".")
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-
-def callable_module(name: str, api: str) -> None:
-    """Make module `name` callable as the function `api` ("rpt.api.train")."""
-    import sys
-
-    module = sys.modules[name]
-    module.__class__ = _CallableModule
-    module.__api__ = api  # type: ignore[attr-defined]
 
 
 def resolve_device(device: Any = "auto") -> Any:

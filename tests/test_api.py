@@ -35,13 +35,19 @@ def test_import_rpt_is_light():
 
 
 def test_api_names_resolve():
-    from rpt import api, generate, model
+    import inspect
+    import types
 
-    assert callable(rpt.generate) and callable(rpt.train) and rpt.load is api.load and rpt.evaluate is api.evaluate
-    assert rpt.generate is generate and rpt.generate.generate is generate.generate  # still the module
-    import rpt.train.loop as loop  # `import a.b.c as x` reads rpt.train as an attribute
+    from rpt import api, decoding, model
 
-    assert loop.train is not None and rpt.build_model is model.registry.build_model
+    assert rpt.load is api.load and rpt.evaluate is api.evaluate and rpt.label is api.label
+    assert rpt.generate is api.generate and rpt.train is api.train  # plain functions, not modules made callable
+    assert isinstance(rpt.generate, types.FunctionType) and isinstance(rpt.train, types.FunctionType)
+    assert "max_new_tokens" in inspect.signature(rpt.generate).parameters
+    assert "allow_changes" in inspect.signature(rpt.train).parameters
+    import rpt.training.loop as loop
+
+    assert loop.train is not None and decoding.generate is not None and rpt.build_model is model.registry.build_model
     with pytest.raises(AttributeError):
         rpt.no_such_name  # noqa: B018
 
@@ -69,7 +75,7 @@ def test_forward_labels_loss_is_mean_next_token_cross_entropy(variant):
 
 
 def test_forward_loss_is_the_training_loss():
-    from rpt.train.losses import lm_loss
+    from rpt.training.losses import lm_loss
 
     model = rpt.build_model(_tiny("rpt-sem"), seed=0).eval()
     x = torch.randint(0, 97, (1, 64))

@@ -8,7 +8,7 @@ import pytest
 from rpt.cli import main
 from rpt.config import RPTConfig
 from rpt.experiments.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
-from rpt.train.footprint import estimate_step_memory
+from rpt.training.footprint import estimate_step_memory
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def test_a_recorded_config_missing_a_field_whose_default_changed_gets_the_former
 def test_resume_compares_only_the_model_fields_a_variant_reads():
     """An xl or baseline run resumes whatever CCA's init says (it has no CCA); a retro run with another init, or any
     run with another width, is refused by name. The automatic q/k std equals the explicit value it resolves to."""
-    from rpt.train.loop import _model_difference
+    from rpt.training.loop import _model_difference
 
     def cfg(variant, **model):
         return RPTConfig.from_preset("tiny", variant=variant, **model)

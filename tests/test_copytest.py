@@ -134,7 +134,7 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
 
 def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_tokens(tmp_path):
     from rpt.experiments.copytest import passage_tokens, text_tokenizer
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
                          variants=("retro",), seq_len=2048, segment_len=64, passage=48, passage_max=72, words="text")

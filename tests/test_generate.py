@@ -1,4 +1,4 @@
-"""Generation (rpt/generate.py, docs/design.md#generation, docs/design.md#what-the-tests-prove): cached decoding ==
+"""Generation (rpt/decoding.py, docs/design.md#generation, docs/design.md#what-the-tests-prove): cached decoding ==
 recomputing the full forward, generated chunks enter the memory and are retrieved later, batches == single prompts,
 sampling filters, streaming, EOS, the CLI."""
 
@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from rpt import RPT, RPTConfig
-from rpt.eval.perplexity import bm25_neighbors
-from rpt.generate import (
+from rpt.decoding import (
     ChunkEvent,
     GenerateConfig,
     IncrementalDecoder,
@@ -23,6 +22,7 @@ from rpt.generate import (
     sample_next,
     stream,
 )
+from rpt.eval.perplexity import bm25_neighbors
 from rpt.model.memory import TorchMemory
 
 V, M, S = 101, 64, 128  # tiny preset: chunk 64, segment 128 -> chunks 4.. retrieve

@@ -16,7 +16,7 @@ import torch
 
 import rpt
 from rpt import RPTConfig
-from rpt.generate import GenerateConfig, generate
+from rpt.decoding import GenerateConfig, generate
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -198,7 +198,7 @@ def test_batch_sampling_and_uncached_generate():
 
 
 def test_loss_with_labels_equals_lm_loss(exported):
-    from rpt.train.losses import lm_loss
+    from rpt.training.losses import lm_loss
 
     model = AutoModelForCausalLM.from_pretrained(exported["rpt-sem"]["folder"])
     ids = torch.randint(0, 400, (2, 200), generator=torch.Generator().manual_seed(2))

@@ -5,7 +5,7 @@
    updates to predict repeated passages far better than fresh ones; the same retro model without neighbours, and xl,
    cannot: the gain comes through chunked cross-attention alone.
 2. Stored losses. Each variant trains 30 updates of a tiny model on a tiny store through the real training loop
-   (`rpt.train.loop.train`: schedules, optimiser, clipping, LambdaRank); its mean LM loss over the last updates must
+   (`rpt.training.loop.train`: schedules, optimiser, clipping, LambdaRank); its mean LM loss over the last updates must
    match the value stored in tests/data/expected_losses.json within a tolerance far above float noise (one vs two
    threads) and far below what a broken learning-rate schedule or a lost gradient costs.
 
@@ -142,9 +142,9 @@ TOLERANCE = 0.005
 
 
 def final_loss(variant: str, tmp: Path) -> tuple[float, Any]:
-    """The mean LM loss of the last LAST of STEPS updates of `variant` through `rpt.train.loop.train`, seed 0, and the
+    """The mean LM loss of the last LAST of STEPS updates of `variant` through `rpt.training.loop.train`, seed 0, and the
     run's result (its log, every 5 updates, in tmp / "run")."""
-    from rpt.train.loop import train
+    from rpt.training.loop import train
 
     store = make_store(tmp / "store" / "train", LENGTHS)
     cfg = tiny_config(tmp, variant, model={"recurrent_state": 16, "memory_tokens": 256, "memory_topk": 8},

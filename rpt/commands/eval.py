@@ -145,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_tokens is not None and args.memory_tokens < 1:
         raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
     if args.plots:
+        from rpt.outputs import check_writable
+
         require("matplotlib", "--plots")  # now, not after the evaluation
+        check_writable(args.plots, "plots")
     compare = {path: read_result(path, "--compare") for path in args.compare}
     out = args.out
     if out is None:

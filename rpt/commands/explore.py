@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from rpt.config import check_neighbors
     from rpt.data.store import StoreError, TokenStore
     from rpt.data.tokenizer import Tokenizer
+    from rpt.decoding import memory_factory, read_text_file
     from rpt.explore import COMPARE, explore_document, render_html
-    from rpt.generate import memory_factory, read_text_file
     from rpt.utils import UserError
 
     if (args.store is None) == (args.text is None):

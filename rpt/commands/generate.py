@@ -1,4 +1,4 @@
-"""`rpt generate`: continue prompts with a trained checkpoint, retrieving at every chunk boundary (rpt/generate.py)."""
+"""`rpt generate`: continue prompts with a trained checkpoint, retrieving at every chunk boundary (rpt/decoding.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def sampling_config(args: argparse.Namespace):
     surface as a traceback from torch.multinomial, a huge K as minutes of work). GenerateConfig.validate does the
     checking; its message is prefixed with the flag and the value given. The tokenizer's eos_id and vocab_size are
     filled in once it is loaded."""
-    from rpt.generate import GenerateConfig
+    from rpt.decoding import GenerateConfig
     from rpt.utils import UserError
 
     cfg = GenerateConfig(max_new_tokens=args.max_new_tokens, greedy=args.greedy, temperature=args.temperature,
@@ -76,7 +76,7 @@ def sampling_config(args: argparse.Namespace):
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    from rpt.generate import read_text_file
+    from rpt.decoding import read_text_file
     from rpt.utils import UserError
 
     if args.prompt is not None:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from rpt.api import encode_prompts, load_model
     from rpt.chunks import last_retrievable
-    from rpt.generate import ChunkEvent, TokenEvent, generate, memory_factory
+    from rpt.decoding import ChunkEvent, TokenEvent, generate, memory_factory
 
     if args.json:  # before any work: never over a file of the user's
         from rpt.outputs import claim_file

@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     from rpt.utils import UserError
 
     cfg = config_of(args)
+    if args.quality:  # before any work: never over a file of the user's
+        from rpt.outputs import claim_file
+
+        claim_file(args.quality, "label", arg="quality")
     store_root = args.store or (cfg and cfg.data.store)  # a store that moved is still the store: the flag wins
     if store_root is None:
         raise UserError("--store is required (or a --config whose data.store names the store)")

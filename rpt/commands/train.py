@@ -1,4 +1,4 @@
-"""`rpt train`: train RPT (or the xl / retro baselines) on a token store, resuming where a run left off (rpt/train/)."""
+"""`rpt train`: train RPT (or the xl / retro baselines) on a token store, resuming where a run left off (rpt/training/)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from rpt.data.store import StoreError
-    from rpt.train.loop import NonFiniteLoss, train
+    from rpt.training.loop import NonFiniteLoss, train
     from rpt.utils import UserError, resolve_device
 
     if args.threads:

@@ -18,7 +18,7 @@ hard the ranking is (the chance level falls as 1 / pool).
     Recall@k     fraction of the query's positives found in the retriever's top-k
     nDCG@k       DCG@k / IDCG@k with gain(j) = s_t(j) for positives and 0 for every other chunk, discount
                  1 / log2(rank + 1) (rank from 1); IDCG@k is the DCG@k of the gold ranking, i.e. the positives
-                 sorted by s_t. Linear gains, as in the LambdaRank loss (rpt/train/losses.py).
+                 sorted by s_t. Linear gains, as in the LambdaRank loss (rpt/training/losses.py).
 
 Only query chunks with at least one positive count; each such query chunk counts once, pooled over all documents
 ("micro" over query chunks: a long document weighs more than a short one). Every function returns per-query values

@@ -321,7 +321,7 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
 
 def reduce_sums(sums: dict[str, float], names: list[str], info) -> dict[str, float]:
     """All-reduce (sum) the named sums over ranks, in float64, in a fixed order."""
-    from rpt.train import distributed as D
+    from rpt.training import distributed as D
 
     t = torch.tensor([float(sums.get(n, 0.0)) for n in names], dtype=torch.float64, device=info.device)
     D.all_reduce_sum(t, info)
@@ -451,7 +451,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
 
     `store` is a token store root (or one split's folder), or an opened store (anything with TokenStore's `document`,
     `doc_lengths`, `doc_ids`, `path` and `check_compatible`, e.g. documents tokenized in memory by `rpt.evaluate`).
-    `loaded`: a model already loaded (`rpt.load`, an `rpt.generate.LoadedModel`), evaluated on its own device instead
+    `loaded`: a model already loaded (`rpt.load`, an `rpt.decoding.LoadedModel`), evaluated on its own device instead
     of loading `checkpoint` (which may then be None). Layout of the result::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
@@ -470,7 +470,7 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
          ["subgroups": {"gold": {"improvement", "n"}, "no_gold": {...}, "all": {...}, "definition": str}]}
     """
     from rpt.data.store import StoreError as _StoreError
-    from rpt.train import distributed as D
+    from rpt.training import distributed as D
 
     check_neighbors(n_neighbors, "n_neighbors")
     if max_documents < 0:

@@ -2,14 +2,14 @@
 
 1. Training step time of each variant relative to xl (the paper's Time/update column; it reports 1.51x for RPT),
    tokens/s, peak memory (on Linux the peak resident set is reset between variants: each peak is its own, over what
-   the process still holds), and MFU on a GPU — through the real training loop (`rpt.train.loop.train`) on a real
+   the process still holds), and MFU on a GPU — through the real training loop (`rpt.training.loop.train`) on a real
    token store with real labels.
 2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
    document memory that grows by a fixed amount per chunk, a bounded K/V cache).
 3. Labelling throughput: BM25 candidates (ours vs bm25s vs rank_bm25) and the scorer (benchmarks/bench_labels.py).
 4. At scale (`rpt bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
    and labels, each in a fresh process (peak RSS never goes down within one): time per update and its ratio to xl,
-   peak memory next to the pre-flight estimate (rpt.train.footprint), the largest batch whose estimate fits a memory
+   peak memory next to the pre-flight estimate (rpt.training.footprint), the largest batch whose estimate fits a memory
    budget, and MFU on a GPU; the LM loss with full logits and chunked, side by side.
 
 Numbers from a shared machine are meaningless: run it alone.
@@ -33,7 +33,7 @@ import torch
 from rpt.config import VARIANTS, RPTConfig
 from rpt.model.decoder import set_activation_checkpointing
 from rpt.model.registry import build_model, spec
-from rpt.train.footprint import count_parameters
+from rpt.training.footprint import count_parameters
 from rpt.utils import UserError, write_json_atomic
 
 # dense bf16 peak FLOP/s used for MFU (vendor datasheets)
@@ -142,7 +142,7 @@ def bench_training(store: Path, labels: dict[str, Path | None], *, preset: str =
 
 def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int, device: str | None) -> dict[str, Any]:
     """One training run of `cfg.train.steps` updates: the median update time after `warmup`, and the peak memory."""
-    from rpt.train.loop import train
+    from rpt.training.loop import train
 
     tmp = Path(tempfile.mkdtemp(prefix=f"rpt-bench-{cfg.model.variant}-"))
     cfg.train.out_dir = str(tmp)
@@ -208,8 +208,8 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     chunk, backward, global-norm clipping and the configured optimiser. Meant to run in a fresh process
     (`measure_step`)."""
     from rpt.chunks import retrievable_mask
-    from rpt.train.losses import forward_lm, lambdarank_loss, relevance_from_candidates
-    from rpt.train.optim import build_optimizer, clip_gradients
+    from rpt.training.losses import forward_lm, lambdarank_loss, relevance_from_candidates
+    from rpt.training.optim import build_optimizer, clip_gradients
 
     if threads:
         torch.set_num_threads(threads)
@@ -283,8 +283,8 @@ def measure_step(**spec: Any) -> dict[str, Any]:
 
 
 def largest_batch(cfg: RPTConfig, budget_bytes: float, device: str, limit: int = 4096) -> int:
-    """The largest batch size whose step estimate (rpt.train.footprint) fits in `budget_bytes` (0 if none does)."""
-    from rpt.train.footprint import estimate_step_memory
+    """The largest batch size whose step estimate (rpt.training.footprint) fits in `budget_bytes` (0 if none does)."""
+    from rpt.training.footprint import estimate_step_memory
 
     best, b = 0, 1
     while b <= limit:
@@ -312,7 +312,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
     memory available now). measure=False: estimates only (a config too big for this machine). compile_modes: (False,
     True) measures every variant eager and under torch.compile; time_vs_xl compares rows of one mode, and a compiled
     row's compile_speedup is the eager row's time over its own."""
-    from rpt.train.footprint import available_bytes, estimate_step_memory
+    from rpt.training.footprint import available_bytes, estimate_step_memory
 
     gpu_missing = device.startswith("cuda") and not torch.cuda.is_available()
     if gpu_missing and measure:
@@ -351,7 +351,7 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
 
 
 def format_scale_row(r: dict[str, Any]) -> str:
-    from rpt.train.footprint import gib
+    from rpt.training.footprint import gib
 
     loss = "full logits" if r["loss_chunk"] <= 0 else f"chunked {r['loss_chunk']}"
     name = r["variant"] + (" compiled" if r.get("compile") else "")
@@ -372,7 +372,7 @@ def format_scale_row(r: dict[str, Any]) -> str:
 
 
 def format_scale(r: dict[str, Any]) -> str:
-    from rpt.train.footprint import gib
+    from rpt.training.footprint import gib
 
     budget = f", budget {gib(r['budget_bytes'])}" if r.get("budget_bytes") else ""
     lines = [f"training step at scale: preset {r['preset']}, {r['batch_size']} x {r['seq_len']} tokens, "

@@ -204,7 +204,7 @@ def _prepare(setting: str, s: CopyTestSettings, log: list[str], tokenizer: str =
 
 def _label(root: Path, s: CopyTestSettings, log: list[str]) -> Path:
     from rpt.labels.pipeline import LabelSpec, label_split
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     out = root / "labels" / (f"train-lex-{s.seq_len}-{s.segment_len}" + ("" if s.label_query == "pair" else f"-{s.label_query}"))
     if not (out / "manifest.json").exists():
@@ -220,7 +220,7 @@ def _label_sem(root: Path, scorer_run: Path | str, s: CopyTestSettings, log: lis
     (a near control's run folder, or a name `rpt label --scorer` takes)."""
     from rpt.labels.pipeline import LabelSpec, label_split
     from rpt.labels.scorer import load_scorer, rpt_checkpoint_scorer
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     if isinstance(scorer_run, Path):
         scorer, scorer_name = rpt_checkpoint_scorer(scorer_run), scorer_run.name
@@ -255,8 +255,8 @@ def near_segment(s: CopyTestSettings) -> int:
 def _train(setting: str, variant: str, root: Path, labels: Path | None, seed: int, s: CopyTestSettings,
            run: Path) -> Path:
     from rpt.config import RPTConfig
-    from rpt.train.data import open_store
-    from rpt.train.loop import train
+    from rpt.training.data import open_store
+    from rpt.training.loop import train
 
     vocab = int(open_store(root, "train").tokenizer_id["vocab_size"])
     overrides = s.model_overrides if variant != "xl" else {}  # ablations concern CCA; xl runs are shared
@@ -283,7 +283,7 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
     from rpt.data.synthetic import CLASSES, CopySpec, copy_classes, run_classes
     from rpt.eval.perplexity import bm25_neighbors, evaluate_document, oracle_neighbors, random_neighbors
     from rpt.labels.store import LabelStore
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     model, cfg = load_model(run)
     M, S, K = cfg.model.chunk_size, cfg.model.segment_len, cfg.model.n_neighbors

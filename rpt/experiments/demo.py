@@ -188,7 +188,7 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 def _log(run: str) -> list[dict[str, Any]]:
-    from rpt.train.loop import read_log  # a torn last line (a killed run) is skipped, as when resuming
+    from rpt.training.loop import read_log  # a torn last line (a killed run) is skipped, as when resuming
 
     p = Path(run) / "log.jsonl"
     return read_log(p) if p.exists() else []

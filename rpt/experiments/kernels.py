@@ -180,7 +180,7 @@ def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch
     from rpt.eval.perplexity import evaluate_document
     from rpt.experiments.bench import scale_config
     from rpt.model.registry import build_model
-    from rpt.train.losses import forward_lm
+    from rpt.training.losses import forward_lm
 
     cfg = scale_config(variant, preset, seq_len, batch_size, vocab_size, precision, segment_len=segment_len,
                        overrides=overrides)

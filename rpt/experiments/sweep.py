@@ -174,7 +174,7 @@ def _check_test_labels(s: SweepSettings, cfg, test_labels: Path) -> None:
     """Test labels that do not fit the test split or miss a document evaluated, refused before any work."""
     from rpt.data.store import StoreError
     from rpt.eval.perplexity import open_eval_labels
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     try:
         test = open_store(cfg.data.store, "test")
@@ -190,8 +190,8 @@ def _check_inputs(variant: str, cfg, args: argparse.Namespace, labels: Path | No
 
     from rpt.data.store import StoreError
     from rpt.labels.store import LabelError
-    from rpt.train.data import LabelMismatch, check_labels, open_labels, open_store
-    from rpt.train.footprint import check_fits
+    from rpt.training.data import LabelMismatch, check_labels, open_labels, open_store
+    from rpt.training.footprint import check_fits
 
     try:
         if labels is not None:

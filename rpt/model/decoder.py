@@ -91,7 +91,7 @@ class TiedLM:
     @classmethod
     def layer_activation_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
         """Activation elements one sequence of T tokens keeps for the backward pass in the decoder layers (the
-        pre-flight memory estimate, rpt.train.footprint). xl's layers; a variant with other layers says what they keep
+        pre-flight memory estimate, rpt.training.footprint). xl's layers; a variant with other layers says what they keep
         (the retrieval path of retro / rpt is counted apart, by the estimate)."""
         return T * cfg.n_layers * cls.attention_layer_elements(cfg, math_attention)
 

@@ -1,5 +1,5 @@
 """The language-model loss of §3.3 as the model computes it: a `Sum` (total, count), never a mean, so that the training
-loop divides once by the global batch's count (`normalise`; rpt/train/losses.py adds LambdaRank and the rest).
+loop divides once by the global batch's count (`normalise`; rpt/training/losses.py adds LambdaRank and the rest).
 
 `lm_loss` takes full logits; `lm_loss_chunked` takes the final states and the output projection and never
 materialises the [B, T, V] logits.

@@ -1,6 +1,2 @@
-"""Training (the loop, losses, schedules, data). Called as a function, ``rpt.train(config, store, out, **overrides)``,
-this package runs `rpt.api.train`."""
-
-from rpt.utils import callable_module
-
-callable_module(__name__, "rpt.api.train")
+"""Training: the loop, losses, schedules, optimisers, data, distributed helpers and the step-memory estimate (the
+Python API's `rpt.train` runs `rpt.training.loop.train`)."""

@@ -160,7 +160,7 @@ def saved_tensor_bytes(cfg: RPTConfig, seed: int = 0) -> dict[str, int]:
     The measurement the estimate's layer and retrieval terms are checked against (it runs the model: small configs)."""
     import re
 
-    from rpt.train.losses import forward_lm
+    from rpt.training.losses import forward_lm
 
     m, B, T = cfg.model, cfg.train.batch_size, cfg.data.seq_len
     torch.manual_seed(seed)

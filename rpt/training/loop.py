@@ -42,10 +42,10 @@ from rpt.data.store import StoreError
 from rpt.locks import folder_lock
 from rpt.model.registry import spec
 from rpt.outputs import Owner, claim_folder, mark_folder, write_text
-from rpt.train import distributed as D
-from rpt.train.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
-from rpt.train.footprint import check_fits
-from rpt.train.losses import (
+from rpt.training import distributed as D
+from rpt.training.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
+from rpt.training.footprint import check_fits
+from rpt.training.losses import (
     Sum,
     count_pairs,
     forward_lm,
@@ -55,8 +55,8 @@ from rpt.train.losses import (
     recall_at_k,
     relevance_from_candidates,
 )
-from rpt.train.optim import bare_name, build_optimizer, clip_gradients, set_lr
-from rpt.train.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
+from rpt.training.optim import bare_name, build_optimizer, clip_gradients, set_lr
+from rpt.training.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
 from rpt.utils import RPTWarning, UserError, argument_error
 
 
@@ -217,7 +217,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 class RunLog:
-    """JSONL always (``<out_dir>/log.jsonl``), TensorBoard and W&B (`rpt.train.tracking`) when asked, a tqdm bar when
+    """JSONL always (``<out_dir>/log.jsonl``), TensorBoard and W&B (`rpt.training.tracking`) when asked, a tqdm bar when
     `progress`. `wandb`: the run's config, whose train.wandb_project names the W&B project (None: no W&B)."""
 
     def __init__(self, out_dir: Path, start: int, total: int, enabled: bool, tensorboard: bool, progress: bool,
@@ -238,7 +238,7 @@ class RunLog:
 
             self.tb = require("torch.utils.tensorboard", "train.tensorboard").SummaryWriter(str(out_dir / "tensorboard"))
         if wandb is not None:
-            from rpt.train.tracking import WandbLog
+            from rpt.training.tracking import WandbLog
 
             self.wandb = WandbLog(out_dir, wandb, wandb.train.wandb_project)
         if progress:
@@ -382,7 +382,7 @@ def train(cfg: RPTConfig, store_root: str | Path | None = None, labels_path: str
     model_factory: builds the model from cfg.model (default rpt.RPT); the model must follow RPT's forward signature.
     on_step: called on every rank after each update with (updates done, that step's metrics).
     memory_check: refuse, before anything is built, a config whose step cannot fit in the memory available
-        (rpt.train.footprint: the estimate and its parts are in the message).
+        (rpt.training.footprint: the estimate and its parts are in the message).
     cfg.train.init_from: start from that run's or checkpoint's weights (those whose name and shape match; ignored when
         resuming); TrainResult.init says what was loaded.
     Raises LabelMismatch / ValueError before the first step on incompatible inputs, NonFiniteLoss on inf/nan.
@@ -430,7 +430,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
     validation, val_every = _validation(store_root if store_root is not None else cfg.data.store, cfg)
     if tc.wandb and info.is_main:
-        from rpt.train.tracking import require_wandb
+        from rpt.training.tracking import require_wandb
 
         require_wandb()
 

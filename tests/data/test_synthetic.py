@@ -6,7 +6,7 @@ import pytest
 from rpt.cli import main
 from rpt.data.corpora import load_corpus
 from rpt.data.synthetic import CopySpec, copy_classes, copy_document, copy_runs, parse_spec, run_classes
-from rpt.train.data import open_store
+from rpt.training.data import open_store
 
 
 def test_spec_parsing_and_round_trip():

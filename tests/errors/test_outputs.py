@@ -214,7 +214,7 @@ def test_resume_names_its_step_and_refuses_changed_settings(store, tmp_path, cap
 
 def test_sigint_during_training_writes_a_checkpoint(store, tmp_path):
     from rpt.api import train_config
-    from rpt.train.loop import TrainingInterrupted, train
+    from rpt.training.loop import TrainingInterrupted, train
 
     cfg = train_config("tiny", store, tmp_path / "run", variant="xl", steps=50, seq_len=64, **{
         "model.chunk_size": 8, "data.chunk_size": 8, "model.segment_len": 16, "model.d_model": 32, "model.n_heads": 2,
@@ -367,3 +367,22 @@ def test_an_exported_model_scores_as_scorer(run, store, tmp_path, capsys):
     assert main(["label", "--store", str(store), "--out", str(out), *sem, "--scorer", str(tmp_path / "hf"),
                  "--device", "cpu"]) == 0, capsys.readouterr().err
     assert json.loads((out / "manifest.json").read_text())["n_scored"] > 0
+
+
+def test_plots_rpt_wrote_are_recognised_and_a_users_png_is_not(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rpt.utils import save_figure
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2])
+    ours = save_figure(fig, tmp_path / "ours.png")
+    theirs = tmp_path / "theirs.png"
+    theirs.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    assert outputs.written_by(ours) == "rpt" and outputs.written_by(theirs) is None
+    outputs.claim_file(ours, "label")  # replaced when asked
+    with pytest.raises(ValueError, match="not written by rpt"):
+        outputs.claim_file(theirs, "label", arg="quality")

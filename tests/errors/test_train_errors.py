@@ -167,7 +167,7 @@ def test_a_sequence_too_long_for_memory_is_refused_with_the_estimate(tmp_path, c
 def test_the_estimate_counts_the_model_and_grows_with_the_step():
     from rpt.config import RPTConfig
     from rpt.model.rpt import RPT
-    from rpt.train.footprint import check_fits, estimate_step_memory
+    from rpt.training.footprint import check_fits, estimate_step_memory
     from rpt.utils import UserError
 
     cfg = RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=512)
@@ -194,7 +194,7 @@ def test_the_estimate_counts_the_model_and_grows_with_the_step():
 
 def test_each_baseline_counts_its_own_layers_in_the_estimate():
     from rpt.config import RPTConfig
-    from rpt.train.footprint import estimate_step_memory
+    from rpt.training.footprint import estimate_step_memory
 
     def layers(variant, **model):
         cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=512)

@@ -75,7 +75,7 @@ def test_rpt_label_with_the_induction_scorer_finds_every_repeat_source(tmp_path)
     from rpt.data.synthetic import copy_classes
     from rpt.eval.perplexity import oracle_neighbors
     from rpt.labels.store import LabelStore
-    from rpt.train.data import open_store
+    from rpt.training.data import open_store
 
     store, labels = tmp_path / "store", tmp_path / "gold"
     spec = "synthetic:copy-far?docs=2&eval_docs=3&passages=8&distance=2-4&p=1"  # 128-word passages

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from rpt.train.losses import lm_loss
+from rpt.training.losses import lm_loss
 
 
 def step_in_pieces(model, x, sizes, cache=None):

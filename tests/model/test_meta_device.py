@@ -15,11 +15,11 @@ import torch
 from rpt import RPTConfig
 from rpt.chunks import retrievable_mask
 from rpt.config import VARIANTS
-from rpt.generate import filter_logits
+from rpt.decoding import filter_logits
 from rpt.model.memory import make_memory
 from rpt.model.registry import build_model, spec
-from rpt.train.losses import lm_loss, relevance_from_candidates
-from rpt.train.schedules import gold_neighbors, sample_gold_mask
+from rpt.training.losses import lm_loss, relevance_from_candidates
+from rpt.training.schedules import gold_neighbors, sample_gold_mask
 
 V = 101
 META = torch.device("meta")
@@ -47,7 +47,7 @@ def tokens(B: int, T: int) -> torch.Tensor:
 
 
 def neighbour_kwargs(model, B: int, T: int) -> dict:
-    """What the training loop feeds each variant (rpt.train.loop.prepare): BM25 ids for retro, gold ids and a
+    """What the training loop feeds each variant (rpt.training.loop.prepare): BM25 ids for retro, gold ids and a
     scheduled-sampling draw for rpt-*, nothing for the rest. Built on meta from label-shaped tensors."""
     cfg = model.cfg
     C = T // cfg.chunk_size
@@ -75,7 +75,7 @@ def test_training_forward_and_backward_on_meta(variant):
     assert out.logits.shape == (B, T, V) and out.logits.device == META
     loss = lm_loss(out.logits, x, mask).total
     if out.retrieval_scores is not None:
-        # rpt-*: a gradient through the retrieval scores. The LambdaRank loss itself (rpt.train.losses) sizes its pairs
+        # rpt-*: a gradient through the retrieval scores. The LambdaRank loss itself (rpt.training.losses) sizes its pairs
         # by the largest number of positives of a query, a value: it runs on real tensors only.
         C = T // cfg.chunk_size
         allowed = retrievable_mask(C, cfg.chunk_size, cfg.segment_len, device=META)

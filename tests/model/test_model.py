@@ -361,7 +361,7 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
 def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
     """forward(loss_chunk=n) returns the LM loss without logits; loss and every parameter's gradient are those of the
     plain cross-entropy over the full logits (training's default path is the chunked one)."""
-    from rpt.train.losses import lm_loss
+    from rpt.training.losses import lm_loss
 
     model = make(variant)
     x = torch.randint(0, V, (2, T))

@@ -11,8 +11,8 @@ from train_helpers import standin_factory, tiny_config
 from rpt.config import VARIANTS
 from rpt.model.decoder import TiedLM, set_activation_checkpointing
 from rpt.model.registry import build_model, model_class
-from rpt.train.footprint import estimate_step_memory, saved_tensor_bytes
-from rpt.train.loop import train
+from rpt.training.footprint import estimate_step_memory, saved_tensor_bytes
+from rpt.training.loop import train
 
 # rpt-lex's model is rpt-sem's (tests/model/test_model.py::test_rpt_lex_and_rpt_sem_are_one_model): one case for both
 MODELS = tuple(v for v in VARIANTS if v != "rpt-lex")

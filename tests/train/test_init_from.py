@@ -12,7 +12,7 @@ from train_helpers import tiny_config
 from rpt import checkpoint as ck
 from rpt.cli import main
 from rpt.model.registry import build_model
-from rpt.train.loop import train
+from rpt.training.loop import train
 from rpt.utils import UserError
 
 

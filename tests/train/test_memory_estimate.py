@@ -7,7 +7,7 @@ import pytest
 
 from rpt.config import VARIANTS
 from rpt.experiments.bench import scale_config
-from rpt.train.footprint import estimate_step_memory, saved_tensor_bytes
+from rpt.training.footprint import estimate_step_memory, saved_tensor_bytes
 
 # (d_model, n_heads, segment_len): the tiny preset's shape and one twice as wide with other head and window sizes
 SHAPES = [(64, 4, 128), (128, 8, 256)]

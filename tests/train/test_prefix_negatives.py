@@ -11,9 +11,9 @@ from train_helpers import make_labels, tiny_config
 from rpt.chunks import retrievable_mask
 from rpt.config import ConfigError, RPTConfig
 from rpt.model.rpt import RPT
-from rpt.train.data import PAD_ID, SequenceDataset, open_store
-from rpt.train.loop import prepare, train
-from rpt.train.losses import count_pairs
+from rpt.training.data import PAD_ID, SequenceDataset, open_store
+from rpt.training.loop import prepare, train
+from rpt.training.losses import count_pairs
 
 
 def test_the_prefix_is_the_documents_tokens_before_the_sequence_right_aligned(corpus):

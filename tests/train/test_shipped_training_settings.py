@@ -15,7 +15,7 @@ from train_helpers import make_labels, make_store, write_label_store
 
 from rpt.config import RPTConfig, from_dict, load_config, shipped_configs
 from rpt.model.rpt import RPT
-from rpt.train.loop import train
+from rpt.training.loop import train
 
 LENGTHS = [256, 320, 192, 256]
 UPDATES = 4

@@ -4,7 +4,7 @@ import torch
 from train_helpers import make_labels, make_store, tiny_config
 
 from rpt.data.store import TokenStore
-from rpt.train.data import (
+from rpt.training.data import (
     PAD_ID,
     BatchStream,
     LabelMismatch,

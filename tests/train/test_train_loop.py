@@ -7,8 +7,8 @@ import torch
 from train_helpers import StandIn, make_labels, tiny_config, write_label_store
 
 from rpt import checkpoint as ck
-from rpt.train.data import LabelMismatch, SequenceDataset, open_store
-from rpt.train.loop import NonFiniteLoss, prepare, train
+from rpt.training.data import LabelMismatch, SequenceDataset, open_store
+from rpt.training.loop import NonFiniteLoss, prepare, train
 
 
 def read_log(out_dir) -> list[dict]:

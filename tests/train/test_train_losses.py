@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rpt.train.losses import (
+from rpt.training.losses import (
     count_pairs,
     delta_ndcg,
     lambdarank_loss,

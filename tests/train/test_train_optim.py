@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from rpt.config import TrainConfig
-from rpt.train.optim import AdaBelief, build_optimizer, clip_gradients, parameter_groups
+from rpt.training.optim import AdaBelief, build_optimizer, clip_gradients, parameter_groups
 
 
 def test_adabelief_two_steps_by_hand():
@@ -78,7 +78,7 @@ def test_clip_gradients_returns_the_norm_before_clipping():
 def test_neighbour_lr_scale_gives_the_neighbour_path_its_own_learning_rate():
     from rpt.config import RPTConfig
     from rpt.model.rpt import RPT
-    from rpt.train.optim import neighbor_path, set_lr
+    from rpt.training.optim import neighbor_path, set_lr
 
     model = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=64).model)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rpt.config import TrainConfig
-from rpt.train.schedules import (
+from rpt.training.schedules import (
     gold_neighbors,
     learning_rate,
     margin,

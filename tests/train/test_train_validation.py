@@ -10,9 +10,9 @@ from train_helpers import make_store, tiny_config
 
 from rpt import checkpoint as ck
 from rpt.checkpoint import load_model
-from rpt.train.data import SequenceDataset, open_store
-from rpt.train.loop import train, validation_loss
-from rpt.train.losses import lm_loss
+from rpt.training.data import SequenceDataset, open_store
+from rpt.training.loop import train, validation_loss
+from rpt.training.losses import lm_loss
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""W&B logging beside log.jsonl (train.wandb, rpt.train.tracking): offline without a login or with WANDB_MODE=offline,
+"""W&B logging beside log.jsonl (train.wandb, rpt.training.tracking): offline without a login or with WANDB_MODE=offline,
 online falling back to offline when W&B cannot be reached, a missing package refused before training starts."""
 
 import json
@@ -11,8 +11,8 @@ import pytest
 from train_helpers import tiny_config
 
 from rpt.cli import main
-from rpt.train import tracking
-from rpt.train.loop import train
+from rpt.training import tracking
+from rpt.training.loop import train
 from rpt.utils import RPTWarning, UserError
 
 

@@ -15,7 +15,7 @@ from rpt.chunks import last_retrievable, retrievable_mask
 from rpt.config import ModelConfig, RPTConfig
 from rpt.data.store import StoreWriter
 from rpt.labels.store import LabelStore, LabelWriter
-from rpt.train.losses import Sum, lm_loss_chunked
+from rpt.training.losses import Sum, lm_loss_chunked
 
 TOKENIZER = {"name": "test-bpe", "hash": "h-test", "vocab_size": 64}
 
