@@ -193,7 +193,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mark_folder(work, owner)
     cfgs = [checkpoint_config(resolve_checkpoint(c)).model for c in a.checkpoint]
     cfg = cfgs[0]
-    if any((c.backbone, c.chunk_size, c.segment_len) != (cfg.backbone, cfg.chunk_size, cfg.segment_len) for c in cfgs):
+    def same(c: Any) -> tuple[Any, ...]:  # the backbone by its file, however the path was written
+        return Path(c.backbone).resolve() if c.backbone else None, c.chunk_size, c.segment_len
+
+    if any(same(c) != same(cfg) for c in cfgs):
         raise SystemExit("the checkpoints differ in backbone, chunk size or segment length: evaluate each apart")
     if not cfg.backbone:
         raise SystemExit(f"{a.checkpoint[0]} is not a retrofit (no model.backbone)")
