@@ -23,8 +23,8 @@ SETTINGS = {"paper (0.05 everywhere)": (0.05, -1.0), "attn_dropout=0": (0.05, 0.
 
 
 def main(argv: list[str]) -> None:
+    from lab.bench import machine
     from rpt.config import RPTConfig
-    from rpt.experiments.bench import machine
     from rpt.model.registry import build_model
     from rpt.training.losses import forward_lm
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_labels.py [--sizes 100000,1000000] [--scorer tiny|smollm2|NAME] [--device cpu|cuda]
 
-The benchmark itself lives in rpt/experiments/bench_labels.py (so `rpt bench` can import it); its docstring says
+The benchmark itself lives in lab/bench_labels.py (so `python -m lab bench` can import it); its docstring says
 what each library is asked and how the comparison is kept fair. Run it alone: timings on a shared machine mean little.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from rpt.experiments.bench_labels import format_report, main, run_benchmark  # noqa: E402
+from lab.bench_labels import format_report, main, run_benchmark  # noqa: E402
 
 __all__ = ["format_report", "main", "run_benchmark"]
 

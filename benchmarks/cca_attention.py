@@ -23,8 +23,8 @@ def main(argv: list[str]) -> None:
     import numpy as np
     import torch
 
+    from lab.bench import machine, scale_config
     from rpt.chunks import retrievable_mask
-    from rpt.experiments.bench import machine, scale_config
     from rpt.model.cca import ChunkedCrossAttention
     from rpt.model.registry import build_model
     from rpt.training.losses import forward_lm, lambdarank_loss, relevance_from_candidates

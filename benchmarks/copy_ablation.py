@@ -1,4 +1,4 @@
-"""The copy test's ablation table (docs/results/copy-test.md#the-papers-model-and-each-addition): one `rpt copytest`
+"""The copy test's ablation table (docs/results/copy-test.md#the-papers-model-and-each-addition): one `python -m lab copytest`
 summary per setting (each run with its own --out, and its own --set model.KEY=VALUE, --steps or --lr) -> one row per
 setting, every seed kept, for one retrieving variant. A row is named by its model overrides and by the copytest
 settings that differ between the summaries given (e.g. `steps=200, lr=0.003`).

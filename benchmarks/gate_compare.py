@@ -1,9 +1,9 @@
 """Neighbour gate with and without a dead zone: `gate=paper` (max(eta, sigmoid) with the
 sigmoid's gradient passed through the clamp, the default) against `gate=clamp` (as printed: no gradient below eta),
-paired seeds, on code (the demo's store) and on the copy corpus (a `rpt copytest` folder).
+paired seeds, on code (the demo's store) and on the copy corpus (a `python -m lab copytest` folder).
 
     python benchmarks/gate_compare.py code runs/demo            # trains rpt-sem gate=clamp beside the demo's runs
-    python benchmarks/gate_compare.py copy runs/copytest-demo    # reads rpt copytest's runs (paper and clamp)
+    python benchmarks/gate_compare.py copy runs/copytest-demo    # reads python -m lab copytest's runs (paper and clamp)
 
 Code: for each seed of the demo, trains rpt-sem with gate=clamp exactly as the demo trained rpt-sem (same command,
 `--set model.gate=clamp`), evaluates both over the demo's test documents with their own neighbours and with none, and

@@ -7,7 +7,7 @@ blocks of that size come from the heap and fragment it. A training step frees an
 (the environment variable `MALLOC_MMAP_THRESHOLD_`, read when a process starts) keeps every large block in its own
 mapping, at the cost of a fresh mapping (and page faults) for each.
 
-Each config runs in fresh processes (`rpt.experiments.bench.measure_step`), the two allocator settings alternating, `rounds`
+Each config runs in fresh processes (`lab.bench.measure_step`), the two allocator settings alternating, `rounds`
 times; each process times `steps` updates (the first is warm-up). Run it alone on the machine.
 
     python benchmarks/malloc_threshold.py preset=small seq=4096 variants=xl,rpt-sem rounds=3 steps=4 \
@@ -24,7 +24,7 @@ import sys
 def main(argv: list[str]) -> None:
     import numpy as np
 
-    from rpt.experiments.bench import machine, measure_step
+    from lab.bench import machine, measure_step
     from rpt.training.footprint import gib
 
     opts = dict(a.split("=", 1) for a in argv)

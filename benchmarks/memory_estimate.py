@@ -1,7 +1,7 @@
 """The training-step memory estimate (rpt.training.footprint) next to the measured peak, for a grid of configs.
 
-Each config runs in a fresh process (peak RSS is per process and never goes down) through `rpt.experiments.bench.measure_step`,
-the probe `rpt bench --scale` uses: two training updates on synthetic tokens and labels (forward with the variant's
+Each config runs in a fresh process (peak RSS is per process and never goes down) through `lab.bench.measure_step`,
+the probe `python -m lab bench --scale` uses: two training updates on synthetic tokens and labels (forward with the variant's
 own retrieval, the LM loss, for rpt-lex / rpt-sem the LambdaRank loss over 4 candidate chunks per query, backward,
 the optimiser step); the peak RSS (CPU) or max_memory_allocated (CUDA) is set against `estimate_step_memory`. Run it
 alone on the machine. `loss_chunk=0` measures the full-logit loss (the default is the chunked one).
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> None:
     import torch
     import yaml
 
-    from rpt.experiments.bench import measure_step, scale_config
+    from lab.bench import measure_step, scale_config
     from rpt.training.footprint import estimate_step_memory, gib
     from rpt.utils import UserError
 
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> None:
     if "out" in opts:
         import os
 
-        from rpt.experiments.bench import machine
+        from lab.bench import machine
 
         env = {k: os.environ[k] for k in os.environ if k.startswith("MALLOC_")}
         with open(opts["out"], "w") as f:

@@ -3,7 +3,7 @@
     python benchmarks/paired_loss_gap.py runs/code-long/rpt-sem runs/code-long/rpt-sem-nogate
     python benchmarks/paired_loss_gap.py runs/code-long/rpt-sem runs/code-long/gate-probe/nogate-halfov block=100 upto=400
 
-Each argument is a sweep folder holding `<name>-seed<N>/log.jsonl` (rpt sweep's layout), or a prefix of such run
+Each argument is a sweep folder holding `<name>-seed<N>/log.jsonl` (python -m lab sweep's layout), or a prefix of such run
 folders (`.../nogate-halfov` matches `nogate-halfov-seed0`, ...). The first is the reference. For every seed present
 in both, the training LM loss (the log's rows: each the mean over its window of `log_every` updates, all windows of
 equal size) is averaged over blocks of `block` updates, and the gap other - reference is printed per block: per

@@ -24,9 +24,9 @@ import torch
 
 
 def main(argv: list[str]) -> None:
+    from lab.bench import machine
     from rpt.config import RPTConfig
     from rpt.data.tokenizer import Tokenizer
-    from rpt.experiments.bench import machine
     from rpt.labels.store import LabelStore
     from rpt.model.rpt import RPT
     from rpt.training.data import BatchStream, SequenceDataset, open_store

@@ -1,4 +1,4 @@
-"""`rpt bench`: side-by-side measurements in one process, on one machine, at one config.
+"""`python -m lab bench`: side-by-side measurements in one process, on one machine, at one config.
 
 1. Training step time of each variant relative to xl (the paper's Time/update column; it reports 1.51x for RPT),
    tokens/s, peak memory (on Linux the peak resident set is reset between variants: each peak is its own, over what
@@ -7,7 +7,7 @@
 2. Evaluation time and memory versus document length: the cost must grow linearly (constant time per token, a
    document memory that grows by a fixed amount per chunk, a bounded K/V cache).
 3. Labelling throughput: BM25 candidates (ours vs bm25s vs rank_bm25) and the scorer (benchmarks/bench_labels.py).
-4. At scale (`rpt bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
+4. At scale (`python -m lab bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
    and labels, each in a fresh process (peak RSS never goes down within one): time per update and its ratio to xl,
    peak memory next to the pre-flight estimate (rpt.training.footprint), the largest batch whose estimate fits a memory
    budget, and MFU on a GPU; the LM loss with full logits and chunked, side by side.
@@ -171,7 +171,7 @@ def _time_training(cfg: RPTConfig, store: Path, labels: Path | None, warmup: int
 def scale_config(variant: str, preset: str, seq_len: int, batch_size: int = 1, vocab_size: int | None = None,
                  precision: str | None = None, loss_chunk: int | None = None,
                  segment_len: int | None = None, overrides: dict[str, Any] | None = None) -> RPTConfig:
-    """The config of a synthetic-data measurement (`rpt bench --scale`, `--kernels`): a preset's, with the overrides
+    """The config of a synthetic-data measurement (`python -m lab bench --scale`, `--kernels`): a preset's, with the overrides
     given (None keeps the preset's); `overrides` maps dotted fields to values, e.g. {"model.attn_dropout": 0}."""
     cfg = RPTConfig.from_preset(preset, variant=variant, **({"vocab_size": vocab_size} if vocab_size else {}))
     cfg.data.seq_len, cfg.train.batch_size = seq_len, batch_size
@@ -272,7 +272,7 @@ def measure_step(**spec: Any) -> dict[str, Any]:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "rpt.experiments.bench", "probe", json.dumps(spec)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "lab.bench", "probe", json.dumps(spec)], capture_output=True,
                          text=True)
     if res.returncode:
         why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
@@ -419,7 +419,7 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
 
     if not (store / "tokenizer.json").exists():
         raise UserError(f"--store {store}: not a `rpt prepare` store root; make one with `rpt prepare`, then "
-                        "`rpt label --kind lex` and `--kind sem` (docs/cli.md#rpt-demo-and-rpt-bench)")
+                        "`rpt label --kind lex` and `--kind sem` (docs/cli.md#python--m-lab-demo-and-rpt-bench)")
     lab = labels_root or store / "labels"
     lex, sem = lab / f"train-lex-{seq_len}", lab / f"train-sem-{seq_len}"
     labels = {"retro": lex, "rpt-lex": lex, "rpt-sem": sem}
@@ -443,7 +443,7 @@ def run_bench(store: Path, *, labels_root: Path | None = None, preset: str = "ti
     print(format_eval(results["eval_scaling"]), flush=True)
 
     if not skip_labels:
-        from rpt.experiments.bench_labels import format_report, run_benchmark
+        from lab.bench_labels import format_report, run_benchmark
 
         results["labels"] = run_benchmark(sizes=label_sizes, device=dev)
         print(format_report(results["labels"]), flush=True)
@@ -487,7 +487,7 @@ def format_eval(r: dict[str, Any]) -> str:
 
 
 
-# `python -m rpt.experiments.bench probe '<json>'`: one measured step in a fresh process (measure_step)
+# `python -m lab.bench probe '<json>'`: one measured step in a fresh process (measure_step)
 if __name__ == "__main__":
     import json
     import sys
@@ -495,4 +495,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "probe":
         print(json.dumps(probe_step(**json.loads(sys.argv[2]))))
     else:
-        raise SystemExit("usage: python -m rpt.experiments.bench probe '<json spec>' (used by rpt bench --scale)")
+        raise SystemExit("usage: python -m lab.bench probe '<json spec>' (used by python -m lab bench --scale)")

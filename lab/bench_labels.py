@@ -5,7 +5,7 @@ Run alone on a quiet machine (timings of a shared machine mean little)::
     python benchmarks/bench_labels.py                      # 100K and 1M stdlib tokens, tiny CPU scorer
     python benchmarks/bench_labels.py --scorer smollm2 --device cuda --scorer-queries 64
 
-or from Python (`rpt bench` does): ``from rpt.experiments.bench_labels import run_benchmark, format_report``.
+or from Python (`python -m lab bench` does): ``from lab.bench_labels import run_benchmark, format_report``.
 
 Data: the CPython standard library's .py files (sorted by path, tests excluded) concatenated and tokenized with a
 byte-level BPE of 8192 tokens trained on them; the first N tokens form ONE document = one retrieval span (the "doc"

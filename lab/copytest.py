@@ -1,4 +1,4 @@
-"""`rpt copytest`: the project's proof that retrieval is used, on the synthetic copy corpus (rpt.data.synthetic).
+"""`python -m lab copytest`: the project's proof that retrieval is used, on the synthetic copy corpus (rpt.data.synthetic).
 
     near control   xl on synthetic:copy-near: repeats one passage back, inside one layer's attention window (its
                    segment is at least a passage long). xl's loss on repeated chunks must fall far below its loss on
@@ -97,7 +97,7 @@ class CopyTestSettings:
     vocab: int = 0  # words of the corpus (0: the corpus default, 256, or 1,024 with words=text)
     tokenizer: str = ""  # words=text: the tokenizer trained on the corpus (default bpe:2048)
     tokens_per_word: float = 1.0  # words=text: measured on the corpus by `text_tokenizer` (ids: exactly 1)
-    # checks not expected at this size, each with the reason (`rpt demo`): the table marks them when they are not met
+    # checks not expected at this size, each with the reason (`python -m lab demo`): the table marks them when they are not met
     not_expected: dict[str, str] = field(default_factory=dict)
 
     @property

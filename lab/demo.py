@@ -1,6 +1,7 @@
-"""`rpt demo`: retrieval shown working, in about 4 minutes on 2 CPU cores (213 s, run alone: docs/results/copy-test.md#the-demo).
+"""`python -m lab demo`: retrieval shown working, in about 4 minutes on 2 CPU cores (213 s, run alone:
+docs/results/copy-test.md#the-demo).
 
-The copy corpus (`rpt copytest` at a small size): documents whose later passages repeat earlier ones from further back
+The copy corpus (`python -m lab copytest` at a small size): documents whose later passages repeat earlier ones from further back
 than any sliding window reaches, so a model can predict a repeat only by retrieving its source. Transformer-XL (xl)
 and RPT (rpt-sem, its retriever trained from a scoring LM's labels) train on the same documents from the same starting
 weights, over paired seeds; each rpt-sem checkpoint is evaluated with its own neighbours, with none and with the
@@ -23,10 +24,10 @@ from rpt.utils import UserError, install_hint, require, save_figure, write_json_
 COPY_SIZE = {"seq_len": 1024, "segment_len": 64, "batch_size": 2, "eval_docs": 4, "min_lr_ratio": 1.0, "scorer_k": 2}
 # where the longer comparisons live, with their measured times on two CPU cores (docs/results/)
 LONGER = [
-    ("rpt copytest", "the copy test at its full size, xl / retro / rpt-lex / rpt-sem", "about 40 min"),
+    ("python -m lab copytest", "the copy test at its full size, xl / retro / rpt-lex / rpt-sem", "about 40 min"),
     ("bash scripts/domain_sweep.sh stdlib code", "xl, retro, rpt-lex, rpt-sem on Python code, 3 paired seeds, "
      "exhaustive test gold", "over 1 hour (63 min of training, then labels and evaluations)"),
-    ("rpt sweep ...", "any variants x seeds on your own store (docs/cli.md#rpt-sweep)", "minutes to hours"),
+    ("python -m lab sweep ...", "any variants x seeds on your own store (docs/cli.md#python--m-lab-sweep)", "minutes to hours"),
 ]
 
 
@@ -55,8 +56,8 @@ def not_expected(s: DemoSettings) -> dict[str, str]:
 
 
 def _copy_argv(s: DemoSettings) -> tuple[list[str], Any]:
-    """The `rpt copytest` command line of the demo and the settings it stands for."""
-    from rpt.experiments.copytest import CopyTestSettings
+    """The `python -m lab copytest` command line of the demo and the settings it stands for."""
+    from lab.copytest import CopyTestSettings
 
     cs = CopyTestSettings(out=s.out / "copy", steps=s.steps, near_steps=s.near_steps, variants=s.variants,
                           seeds=s.seeds, near_every_seed=False, threads=s.threads, progress=s.progress,
@@ -95,14 +96,14 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     commands: list[str] = []
     t0 = time.perf_counter()
     argv, cs = _copy_argv(s)
-    # `rpt copytest` with these arguments, run here so that its table marks the checks not expected at this size
+    # `python -m lab copytest` with these arguments, run here so that its table marks the checks not expected at this size
+    from lab.copytest import run_copytest
     from rpt.cli import command_line
-    from rpt.experiments.copytest import run_copytest
     from rpt.outputs import COPYTEST, claim_folder
 
-    commands.append(command_line(argv))
+    commands.append(command_line(argv, "python -m lab"))
     print(f"\n$ {commands[-1]}", flush=True)
-    claim_folder(cs.out, COPYTEST)  # as `rpt copytest` does: never into a folder of the user's
+    claim_folder(cs.out, COPYTEST)  # as `python -m lab copytest` does: never into a folder of the user's
     copy = run_copytest(cs)
     summary = summarize_copy(copy)
     figure = plot_demo(copy, res / "copy_test.png")
@@ -127,12 +128,12 @@ def _mean_sd(xs: list[float]) -> dict[str, float]:
 
 
 def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
-    """Rows from `rpt copytest`'s summary: per model, mean ± sd over seeds of the whole-document perplexity with its own
+    """Rows from `python -m lab copytest`'s summary: per model, mean ± sd over seeds of the whole-document perplexity with its own
     neighbours (none for xl), the gains ppl(none) / ppl(own) and ppl(none) / ppl(oracle), own vs random chunks of
     the document ppl(random) / ppl(own), the copy advantage
     loss(fresh) - loss(repeat-tail) in nats, and source@1 (the first neighbour of a repeat is its source).
     "passed": every check expected at this size is met (the copy test's verdict leaves out those `not_expected`)."""
-    from rpt.experiments.copytest import OWN_SOURCE
+    from lab.copytest import OWN_SOURCE
 
     rows: dict[str, Any] = {}
     for setting, variant in [("near", "xl"), ("far", "xl")] + [("far", v) for v in copy["settings"]["variants"]]:
@@ -160,7 +161,7 @@ def summarize_copy(copy: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    from rpt.experiments.copytest import check_lines, verdict_line
+    from lab.copytest import check_lines, verdict_line
 
     def ms(x: dict[str, float] | None, fmt: str = "{:.2f}") -> str:
         if not x:
@@ -181,7 +182,7 @@ def format_table(summary: dict[str, Any]) -> str:
     lines += ["gain = ppl with no neighbours / ppl with the model's own; vs random = ppl with random chunks of the "
               "document / ppl with the model's own; copy adv = loss on fresh text - loss on a "
               "repeat's second half; source@1 = share of repeats whose first neighbour is their source",
-              "rpt copytest's checks:"]
+              "python -m lab copytest's checks:"]
     lines += check_lines(summary["checks"])
     lines.append("copy test: " + verdict_line(summary["checks"]))
     return "\n".join(lines)

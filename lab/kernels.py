@@ -10,7 +10,7 @@ a mask that requires grad (CCA's learned relative bias) both take the math path.
 (file and function), then reads which aten kernel ran beneath each label. The result is one row per call site: the
 calls, the query/key shape, dtype, the kind of mask and the kernel(s) taken.
 
-    rpt bench --kernels --preset 250m --seq-len 16384 --precision bf16 --device cuda
+    python -m lab bench --kernels --preset 250m --seq-len 16384 --precision bf16 --device cuda
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ def probe_kernels(variant: str, preset: str = "tiny", seq_len: int = 1024, batch
     """The SDPA kernels one variant's model takes, at a preset and length: in the training forward (model in train
     mode, the chunked LM loss, retro fed random neighbours) and in cached evaluation of an `eval_tokens`-token document
     (default: seq_len; 0 skips it), under bf16 autocast when `precision` is bf16 on a GPU."""
+    from lab.bench import scale_config
     from rpt.eval.perplexity import evaluate_document
-    from rpt.experiments.bench import scale_config
     from rpt.model.registry import build_model
     from rpt.training.losses import forward_lm
 

@@ -1,4 +1,4 @@
-"""`rpt sweep`: the paper's comparison on one store in one command, over paired seeds.
+"""`python -m lab sweep`: the paper's comparison on one store in one command, over paired seeds.
 
 For every seed, and every variant of that seed (so that a sweep stopped early has whole seeds):
 
@@ -11,7 +11,7 @@ For every seed, and every variant of that seed (so that a sweep stopped early ha
                perplexity over the tokens whose gold was scored, where a sampled gold's oracle is a ceiling)
                into OUT/eval/V-seedS-STEP-SOURCE.json
 
-then the `rpt compare` table of exactly these results (OUT/compare.md, OUT/compare.json): mean ± sd over seeds, the
+then the `python -m lab compare` table of exactly these results (OUT/compare.md, OUT/compare.json): mean ± sd over seeds, the
 retrieval gain ppl(none) / ppl(own neighbours) paired per seed, the ratio to xl paired per seed, the oracle, the
 retriever read with BM25's neighbours instead, and the paper's figure beside each row (--paper). Every variant of one
 seed starts from the same weights for the modules they share (paired initialisation, `rpt.model.layers.init_weights`).
@@ -87,7 +87,7 @@ def _train_namespace(train_args: list[str], variant: str, seed: int, run: Path) 
         if a.split("=", 1)[0] in SWEEP_OWNED:
             raise UserError(f"{a.split('=', 1)[0]} among the train arguments: the sweep controls it (--variants, "
                             "--seeds, --out, --labels-lex / --labels-sem, --threads, --no-progress; runs resume)")
-    p = _Parser(prog="rpt sweep ... --", add_help=False, allow_abbrev=False)
+    p = _Parser(prog="python -m lab sweep ... --", add_help=False, allow_abbrev=False)
     train_cmd.add_arguments(p)
     args, unknown = p.parse_known_args([*train_args, "--variant", variant, "--seed", str(seed), "--out", str(run)])
     if unknown:
@@ -261,7 +261,7 @@ def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
             for src in eval_sources(v, test_labels is not None):
                 res = s.out / "eval" / f"{v}-seed{seed}-{step}-{src}.json"
                 # the oracle, the own source and no neighbours read the test labels: under a sampled gold the
-                # oracle is compared with the other two on the tokens whose gold was scored (`rpt compare`)
+                # oracle is compared with the other two on the tokens whose gold was scored (`python -m lab compare`)
                 own = eval_sources(v, False)[0]
                 with_labels = test_labels is not None and own != "none" and src in ("oracle", "none", own)
                 _check_result(res, ckpt, step, src, s, test_labels if with_labels else None,
@@ -280,12 +280,12 @@ def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
 
 
 def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
-    """Run (or with dry_run only print) every job not yet done, then tabulate; returns the `rpt compare` table."""
+    """Run (or with dry_run only print) every job not yet done, then tabulate; returns the `python -m lab compare` table."""
     from rpt.cli import command_line, run_verb
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("rpt sweep runs in one process: start it without torchrun (each `rpt train` it runs uses one "
-                        "device); for multi-GPU runs, run `rpt train` under torchrun and `rpt compare` on the results")
+        raise UserError("python -m lab sweep runs in one process: start it without torchrun (each `rpt train` it runs uses one "
+                        "device); for multi-GPU runs, run `rpt train` under torchrun and `python -m lab compare` on the results")
     p = plan(s, dry_run)
     todo = [j for j in p.jobs if not j.done.exists()]
     print(f"sweep: {len(s.variants)} variants x {len(s.seeds)} seeds to step {p.step} on {p.store}; "
@@ -315,8 +315,8 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
 
 
 def tabulate(s: SweepSettings, p: Plan) -> dict[str, Any]:
-    """The `rpt compare` table of this sweep's results only (other files in OUT/eval are left out)."""
-    from rpt.experiments.compare import compare, load_results, to_markdown
+    """The `python -m lab compare` table of this sweep's results only (other files in OUT/eval are left out)."""
+    from lab.compare import compare, load_results, to_markdown
 
     table = compare(load_results(p.results), s.paper, p.step)
     text = to_markdown(table)

@@ -6,17 +6,31 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from dataclasses import dataclass
 
-import rpt.commands
 from rpt.utils import UserError
+from rpt.version import __version__
 
 DESCRIPTION = ("Retrieval-Pretrained Transformer: prepare, label, train, evaluate and generate with a long-document LM "
                "that retrieves from itself.")
-DEVELOP_TITLE = "experiments that check and measure the code (rpt/experiments/)"
 
 
-def _verbs() -> list:
-    mods = [importlib.import_module(f"rpt.commands.{m.name}") for m in pkgutil.iter_modules(rpt.commands.__path__)]
+@dataclass(frozen=True)
+class Program:
+    """A command with verbs: `prog <verb> ...`, one module per verb in the package `commands` (each defines HELP, ORDER,
+    add_arguments(parser) and run(args) -> int; the CLI discovers them). The experiments of lab/ are a second one."""
+
+    prog: str
+    commands: str
+    description: str
+
+
+RPT = Program("rpt", "rpt.commands", DESCRIPTION)
+
+
+def _verbs(program: Program = RPT) -> list:
+    package = importlib.import_module(program.commands)
+    mods = [importlib.import_module(f"{program.commands}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
     return sorted((m for m in mods if hasattr(m, "run")), key=lambda m: (getattr(m, "ORDER", 100), m.__name__))
 
 
@@ -24,48 +38,19 @@ def verb_name(mod) -> str:
     return mod.__name__.rsplit(".", 1)[1]
 
 
-def is_develop(mod) -> bool:
-    """A verb listed apart in `rpt --help` (GROUP = "develop"): an experiment, not a step of the pipeline."""
-    return getattr(mod, "GROUP", "use") == "develop"
-
-
-def _listing(mods: list, name_width: int, width: int) -> str:
-    """Verbs and their HELP as argparse lists subcommands: four spaces, the name padded to `name_width` + 2, the help
-    wrapped beside it."""
-    import textwrap
-
-    column = 4 + name_width + 2
-    lines = []
-    for m in mods:
-        text = textwrap.wrap(m.HELP, max(width - column, 20))
-        lines.append(f"    {verb_name(m):<{column - 4}}{text[0]}")
-        lines += [" " * column + line for line in text[1:]]
-    return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """`rpt`: the pipeline's verbs in the usual list; the experiments (GROUP = "develop") in a list of their own
-    after it, so a user sees the verbs of the pipeline first. Every verb parses and has --help alike."""
+def build_parser(program: Program = RPT) -> argparse.ArgumentParser:
+    """`prog` and its verbs, each with its own --help."""
     import shutil
     import textwrap
 
-    verbs = _verbs()
     width = max(shutil.get_terminal_size().columns - 2, 40)  # argparse's own width
-    develop = [m for m in verbs if is_develop(m)]
-    name_width = max(len(verb_name(m)) for m in verbs)  # one column for both lists
-    epilog = f"{DEVELOP_TITLE}:\n{_listing(develop, name_width, width)}" if develop else None
-    # the description is wrapped here: the raw formatter keeps the epilog's columns as they are
-    parser = argparse.ArgumentParser(prog="rpt", description=textwrap.fill(DESCRIPTION, width), epilog=epilog,
+    parser = argparse.ArgumentParser(prog=program.prog, description=textwrap.fill(program.description, width),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"rpt {rpt.__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>", title="the pipeline",
-                                description="`rpt <verb> --help` lists a verb's options" + (
-                                    "; the experiments follow below" if develop else ""))
-    for mod in verbs:
-        name = verb_name(mod)
-        # an experiment gets no help= here: argparse then leaves it out of the pipeline's list (the epilog lists it)
-        extra = {} if is_develop(mod) else {"help": mod.HELP}
-        p = sub.add_parser(name, description=mod.HELP, **extra)
+    parser.add_argument("--version", action="version", version=f"rpt {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", title="verbs",
+                                description=f"`{program.prog} <verb> --help` lists a verb's options")
+    for mod in _verbs(program):
+        p = sub.add_parser(verb_name(mod), description=mod.HELP, help=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
@@ -90,11 +75,11 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = fmt
 
 
-def command_line(argv: list[str]) -> str:
-    """`rpt <argv>` as a shell line, quoted where needed."""
+def command_line(argv: list[str], prog: str = "rpt") -> str:
+    """`prog <argv>` as a shell line, quoted where needed."""
     import shlex
 
-    return "rpt " + " ".join(shlex.quote(a) for a in argv)
+    return f"{prog} " + " ".join(shlex.quote(a) for a in argv)
 
 
 def run_verb(argv: list[str], log: list[str] | None = None) -> int:
@@ -121,12 +106,12 @@ def _quiet_stdout() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, program: Program = RPT) -> int:
     import rpt.utils
     from rpt.config import ConfigError
 
     _one_line_warnings()
-    parser = build_parser()
+    parser = build_parser(program)
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()
@@ -141,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         # ValueError/FileNotFoundError from our own checks carry messages naming the file or argument; an
         # ArgumentError names the verb's flag (its module's FLAGS: argument -> flag where they differ)
         flags = getattr(sys.modules.get(args._run.__module__), "FLAGS", None)
-        print(f"rpt {args.verb}: error: {rpt.utils.cli_message(e, flags)}", file=sys.stderr)
+        print(f"{program.prog} {args.verb}: error: {rpt.utils.cli_message(e, flags)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         said = str(e) or getattr(sys.modules.get(args._run.__module__), "INTERRUPTED", "")
-        print(f"rpt {args.verb}: interrupted" + (f": {said}" if said else ""), file=sys.stderr)
+        print(f"{program.prog} {args.verb}: interrupted" + (f": {said}" if said else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `rpt ... | head`: the reader is gone; nothing more to say
         _quiet_stdout()

@@ -410,7 +410,7 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # what only some variants read ("section.key" prefixes): two runs that differ only in fields their variant never reads
-# computed the same thing (resume, the sweep's check and `rpt compare` treat them as one setting)
+# computed the same thing (resume, the sweep's check and `python -m lab compare` treat them as one setting)
 _READ_ONLY_BY = {
     RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
                  "train.neighbor_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
@@ -425,7 +425,7 @@ _READ_ONLY_BY = {
 
 # config fields that name a folder: two configs naming it by a relative and an absolute path are the same setting
 # config keys that change no weight of a run (logging, checkpoint cadence, recomputation): two runs that differ only
-# in these are the same setting (`rpt sweep` resumes across them, `rpt compare` pools them)
+# in these are the same setting (`python -m lab sweep` resumes across them, `python -m lab compare` pools them)
 BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard", "train.wandb",
                "train.wandb_project", "train.activation_checkpointing")
 PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from", "model.backbone")

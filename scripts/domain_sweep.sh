@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's comparison on one corpus, from nothing to the table (docs/results/retrieval.md, docs/results/domains.md):
 #   prepare the corpus, BM25 (lex) labels of k = 20 candidates, sem labels of train from a scorer, an exhaustive test
-#   gold (every retrievable chunk scored, for a share of the test query chunks), then `rpt sweep` over the variants
+#   gold (every retrievable chunk scored, for a share of the test query chunks), then `python -m lab sweep` over the variants
 #   and paired seeds; its table, with the paper's figures for the domain, is $OUT/sweep/compare.md (.json).
 # Usage: bash scripts/domain_sweep.sh CORPUS [PAPER]     e.g.  bash scripts/domain_sweep.sh metamath arxiv
 #   CORPUS: a `rpt prepare --corpus` name (stdlib, kjv, austen, pari, coq, metamath, ...)
@@ -25,7 +25,7 @@
 #   CURVE= (steps, e.g. 100,200,300: each rpt-* run's checkpoints there are also evaluated with its own retriever
 #   and --metrics against the test labels; with the final results they make OUT/sweep/curve.md (.json), one row per step)
 # The train split's sem labels are made only when VARIANTS holds rpt-sem; the test split's always (the oracle).
-# Every step is skipped when its output exists, and `rpt sweep` resumes, so a killed run is continued by running the
+# Every step is skipped when its output exists, and `python -m lab sweep` resumes, so a killed run is continued by running the
 # same command again.
 set -euo pipefail
 corpus=${1:?usage: bash scripts/domain_sweep.sh CORPUS [code|pg19|books3|arxiv]}
@@ -37,6 +37,10 @@ OUT=${OUT:-runs/${corpus%%@*}}
 if [ -z "${RPT:-}" ]; then  # the rpt on PATH, else the one scripts/setup.sh installed
   RPT=rpt; command -v rpt >/dev/null || RPT="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/rpt"
 fi
+if [ -z "${LAB:-}" ]; then  # the experiments (lab/, beside the library), with the python of that rpt
+  case $RPT in */*) LAB="$(dirname "$RPT")/python -m lab" ;; *) LAB="python -m lab" ;; esac
+fi
+export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 PRESET=${PRESET:-tiny}
 LR=${LR:-0.01}
 BATCH=${BATCH:-2}
@@ -70,7 +74,7 @@ lex=$store/labels/train-lex-$SEQ_LEN-k$K
 [ -d "$lex" ] || $RPT label "${label[@]}" --k "$K" --split train --kind lex --span "$SEQ_LEN" --out "$lex"
 scorer=$SCORER
 if [ "$SCORER" = own ]; then  # the scorer of the sem labels is the seed-0 xl of the sweep itself (trained here first)
-  $RPT sweep --out "$OUT/sweep" --variants xl --seeds 0 "${paper_flag[@]}" -- "${train[@]}"
+  $LAB sweep --out "$OUT/sweep" --variants xl --seeds 0 "${paper_flag[@]}" -- "${train[@]}"
   scorer=$OUT/sweep/xl-seed0
 fi
 sem_flags=()
@@ -89,7 +93,7 @@ else
   [ -d "$test_labels" ] || $RPT label "${label[@]}" --k "$K" --split test --kind sem --span doc --scorer "$scorer" \
     --out "$test_labels"
 fi
-$RPT sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" --labels-lex "$lex" "${sem_flags[@]}" \
+$LAB sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" --labels-lex "$lex" "${sem_flags[@]}" \
   --test-labels "$test_labels" "${paper_flag[@]}" -- "${train[@]}"
 if [ -n "$CURVE" ]; then  # the retrievers at earlier checkpoints of the same runs: one more table, a row per step
   for v in ${VARIANTS//,/ }; do
@@ -102,6 +106,6 @@ if [ -n "$CURVE" ]; then  # the retrievers at earlier checkpoints of the same ru
       done
     done
   done
-  $RPT compare "$OUT/sweep/curve" "$OUT/sweep/eval" "${paper_flag[@]}" --out "$OUT/sweep/curve.json" \
+  $LAB compare "$OUT/sweep/curve" "$OUT/sweep/eval" "${paper_flag[@]}" --out "$OUT/sweep/curve.json" \
     --markdown "$OUT/sweep/curve.md"
 fi

@@ -34,6 +34,8 @@ KERNEL_VARIANTS=${KERNEL_VARIANTS:-xl,retro,rpt-lex,rpt-sem,memorizing,block-rec
 SCORER=${SCORER:-smollm2}
 PYTHON=${PYTHON:-python}
 RPT=${RPT:-rpt}
+LAB=${LAB:-"$PYTHON -m lab"}  # the experiments (lab/, beside the library), importable from the repository root
+export PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 
 for s in "${stages[@]}"; do
   case $s in env|tests|kernels|scale|compile|labels) ;;
@@ -63,13 +65,13 @@ for s in "${stages[@]}"; do
     tests)
       run tests $PYTHON -m pytest -m gpu -q -p no:cacheprovider ;;
     kernels)
-      run kernels $RPT bench --kernels --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
+      run kernels $LAB bench --kernels --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
         --batch-size 1 --variants "$KERNEL_VARIANTS" --out "$out/kernels.json" ;;
     scale)
-      run scale $RPT bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
+      run scale $LAB bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
         --batch-size 1 --variants "$VARIANTS" --steps "$STEPS" --loss-chunks 0 --out "$out/scale.json" ;;
     compile)
-      run compile $RPT bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
+      run compile $LAB bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
         --batch-size 1 --variants "$VARIANTS" --steps "$STEPS" --loss-chunks "" --compile both --out "$out/compile.json" ;;
     labels)
       run labels $PYTHON benchmarks/bench_labels.py --scorer "$SCORER" --device "$DEVICE" --scorer-queries 64 \

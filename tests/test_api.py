@@ -164,7 +164,7 @@ def test_any_variant_is_built_by_name():
 
 
 # Modules that drive the CLI's own workflows (they build command lines, or parse a verb's flags) and may name flags:
-# every module of rpt/experiments/, and these; rpt/config.py resolves the CLI's --config / --preset values.
+# every module of lab/, and these; rpt/config.py resolves the CLI's --config / --preset values.
 CLI_DRIVERS = {"rpt/config.py", "rpt/cli.py"}
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
@@ -182,7 +182,7 @@ def test_library_raise_sites_name_no_flags():
     bad = []
     for path in sorted((ROOT / "rpt").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(("rpt/commands/", "rpt/experiments/")) or rel in CLI_DRIVERS:
+        if rel.startswith(("rpt/commands/", "lab/")) or rel in CLI_DRIVERS:
             continue
         bad += [f"{rel}:{line}: {text[:100]}" for line, text in _raise_messages(path) if FLAG.search(text)]
     assert not bad, "raise sites naming CLI flags:\n" + "\n".join(bad)

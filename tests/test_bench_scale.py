@@ -1,13 +1,13 @@
-"""`rpt bench --scale`: each variant's step measured in its own process, beside the memory estimate."""
+"""`python -m lab bench --scale`: each variant's step measured in its own process, beside the memory estimate."""
 
 import json
 import mmap
 
 import pytest
 
-from rpt.cli import main
+from lab.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
+from lab.cli import main
 from rpt.config import RPTConfig
-from rpt.experiments.bench import format_training, largest_batch, peak_rss_mb, reset_peak_rss
 from rpt.training.footprint import estimate_step_memory
 
 
@@ -60,7 +60,7 @@ def test_bench_scale_bad_flags_are_one_line(flags, needle, capsys):
 
 
 def test_peak_rss_is_reset_between_variants():
-    """`rpt bench` resets the peak resident set before each variant, so a variant's peak RSS is its own, not the
+    """`python -m lab bench` resets the peak resident set before each variant, so a variant's peak RSS is its own, not the
     running maximum of the ones before it; where no reset exists the table marks the figure as the process's."""
     if not reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs: the peak cannot be reset here")
@@ -81,7 +81,7 @@ def test_peak_rss_is_reset_between_variants():
 def test_bench_scale_compile_both_compares_within_each_mode(monkeypatch):
     """--compile both: every variant eager and compiled; time_vs_xl within a mode, compile_speedup per variant
     (measure_step scripted here; tests/train/test_train_loop.py compiles for real)."""
-    import rpt.experiments.bench as B
+    import lab.bench as B
 
     secs = {("xl", False): 1.0, ("rpt-sem", False): 2.0, ("xl", True): 0.5, ("rpt-sem", True): 2.5}
 

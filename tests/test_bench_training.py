@@ -1,9 +1,9 @@
-"""`rpt bench` training rows: rounds in alternating order, the ratio to xl taken within each round."""
+"""`python -m lab bench` training rows: rounds in alternating order, the ratio to xl taken within each round."""
 
 import pytest
 
-import rpt.experiments.bench as bench
-from rpt.cli import main
+import lab.bench as bench
+from lab.cli import main
 from rpt.config import VARIANTS
 
 

@@ -1,20 +1,27 @@
-"""`rpt --help`: the pipeline's verbs first, in the usual list; the experiments (GROUP = "develop") in a list of
-their own after it; every verb, either kind, parses and has its own --help."""
+"""`rpt --help` lists the pipeline's verbs; the experiments are verbs of their own program, `python -m lab --help`
+(lab/, beside the library, not installed with it); every verb of either parses and has its own --help."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from rpt.cli import _verbs, build_parser, is_develop, main, verb_name
+from lab.cli import LAB
+from lab.cli import main as lab_main
+from rpt.cli import RPT, _verbs, build_parser, main, verb_name
 
-PIPELINE = ["configs", "prepare", "label", "train", "eval", "sweep", "compare", "dpr", "generate", "explore", "export"]
-DEVELOP = ["demo", "copytest", "bench"]
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = ["configs", "prepare", "label", "train", "eval", "dpr", "generate", "explore", "export"]
+EXPERIMENTS = ["sweep", "compare", "demo", "copytest", "bench"]
 
 
-def _help(capsys, monkeypatch) -> str:
+def _help(capsys, monkeypatch, run=main) -> str:
     monkeypatch.setenv("COLUMNS", "100")
     with pytest.raises(SystemExit) as e:
-        main(["--help"])
+        run(["--help"])
     assert e.value.code == 0
     return capsys.readouterr().out
 
@@ -33,42 +40,44 @@ def _listed(text: str) -> list[str]:
     return [name for name, _ in _entries(text)]
 
 
-def test_the_verbs_and_their_groups():
-    verbs = _verbs()
-    assert [verb_name(m) for m in verbs if not is_develop(m)] == PIPELINE
-    assert [verb_name(m) for m in verbs if is_develop(m)] == DEVELOP
+def test_the_verbs_of_each_program():
+    assert [verb_name(m) for m in _verbs(RPT)] == PIPELINE
+    assert [verb_name(m) for m in _verbs(LAB)] == EXPERIMENTS
 
 
-def test_help_lists_the_pipeline_first_and_the_experiments_apart(capsys, monkeypatch):
-    text = _help(capsys, monkeypatch)
-    pipeline, _, develop = text.partition("experiments that check and measure the code (rpt/experiments/):")
-    assert develop, text
-    assert _listed(pipeline.partition("<verb>\n")[2]) == PIPELINE
-    assert _listed(develop) == DEVELOP
+@pytest.mark.parametrize("program, run, verbs", [(RPT, main, PIPELINE), (LAB, lab_main, EXPERIMENTS)])
+def test_help_lists_every_verb_with_its_help(capsys, monkeypatch, program, run, verbs):
+    text = _help(capsys, monkeypatch, run)
+    assert text.startswith(f"usage: {program.prog} ")
+    assert _listed(text.partition("<verb>\n")[2]) == verbs
     flat = "".join(text.split())  # wrapping may break a line at a space or after a hyphen
-    for m in _verbs():
+    for m in _verbs(program):
         assert verb_name(m) + "".join(m.HELP.split()) in flat
-
-
-def test_the_columns_of_both_lists_line_up(capsys, monkeypatch):
-    text = _help(capsys, monkeypatch)
     assert len({column for _, column in _entries(text)}) == 1, text
 
 
-@pytest.mark.parametrize("verb", PIPELINE + DEVELOP)
+@pytest.mark.parametrize("verb", PIPELINE + EXPERIMENTS)
 def test_every_verb_has_its_own_help(verb, capsys):
+    program, run = (LAB, lab_main) if verb in EXPERIMENTS else (RPT, main)
     with pytest.raises(SystemExit) as e:
-        main([verb, "--help"])
+        run([verb, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: rpt {verb} ")
+    assert out.startswith(f"usage: {program.prog} {verb} ")
 
 
 def test_an_experiment_parses_like_any_verb():
-    args = build_parser().parse_args(["bench", "--kernels", "--seq-len", "256"])
+    args = build_parser(LAB).parse_args(["bench", "--kernels", "--seq-len", "256"])
     assert args.verb == "bench" and args.kernels and args.seq_len == 256
 
 
 def test_no_verb_prints_the_help(capsys):
     assert main([]) == 2
-    assert "experiments that check and measure the code" in capsys.readouterr().out
+    assert "usage: rpt" in capsys.readouterr().out
+    assert lab_main([]) == 2
+    assert "usage: python -m lab" in capsys.readouterr().out
+
+
+def test_the_lab_runs_as_a_module_from_the_repository():
+    r = subprocess.run([sys.executable, "-m", "lab", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and "usage: python -m lab" in r.stdout, r.stderr

@@ -1,12 +1,12 @@
-"""`rpt compare`: settings grouped over seeds, paired gains, labels by what differs, the paper's rows, bad input."""
+"""`python -m lab compare`: settings grouped over seeds, paired gains, labels by what differs, the paper's rows, bad input."""
 
 import json
 
 import pytest
 
-from rpt.cli import main
+from lab.cli import main
+from lab.compare import _fmt, compare, group_settings, load_results, paper_row, to_markdown
 from rpt.config import RPTConfig
-from rpt.experiments.compare import _fmt, compare, group_settings, load_results, paper_row, to_markdown
 from rpt.utils import UserError
 
 
@@ -89,7 +89,7 @@ def test_files_and_folders_and_errors(tmp_path, capsys):
                  "--markdown", str(tmp_path / "t.md")]) == 0
     out = capsys.readouterr().out
     assert "| xl | 2 | 11.0 ± 1.4 |" in out
-    assert (tmp_path / "t.md").read_text() == "<!-- written by rpt compare -->\n" + out.strip() + "\n"
+    assert (tmp_path / "t.md").read_text() == "<!-- written by rpt (python -m lab compare) -->\n" + out.strip() + "\n"
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["paper"]["ppl"] == 2.3
 
 
@@ -242,7 +242,7 @@ def test_bootstrap_interval_of_a_constant_ratio_is_that_ratio():
     """Every document 10% more likely with neighbours, on both seeds: every resample gives exactly that gain."""
     import math
 
-    from rpt.experiments.compare import bootstrap_ratio
+    from lab.compare import bootstrap_ratio
 
     none = {s: {d: (2.0 * (d + 1) * 100, 100 * (d + 1)) for d in range(8)} for s in (0, 1)}
     own = {s: {d: ((2.0 - math.log(1.1)) * (d + 1) * 100, 100 * (d + 1)) for d in range(8)} for s in (0, 1)}
@@ -255,7 +255,7 @@ def test_bootstrap_interval_of_a_constant_ratio_is_that_ratio():
 def test_bootstrap_interval_covers_one_when_documents_disagree_and_not_when_they_agree():
     import numpy as np
 
-    from rpt.experiments.compare import bootstrap_ratio
+    from lab.compare import bootstrap_ratio
 
     rng = np.random.default_rng(1)
     base = {0: {d: (5.0 * 200, 200) for d in range(30)}}

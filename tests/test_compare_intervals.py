@@ -1,4 +1,4 @@
-"""`rpt compare`'s per-document intervals on retrieval metrics: the model's P@2 against BM25, recency and random,
+"""`python -m lab compare`'s per-document intervals on retrieval metrics: the model's P@2 against BM25, recency and random,
 resampling the test documents."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 from test_compare import result
 
-from rpt.experiments.compare import bootstrap_difference, bootstrap_ratio, compare, to_markdown
+from lab.compare import bootstrap_difference, bootstrap_ratio, compare, to_markdown
 from rpt.utils import UserError
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpt.cli import main
-from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytest
+from lab.cli import main
+from lab.copytest import CopyTestSettings, far_distance, run_copytest
 
 
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
@@ -48,7 +48,7 @@ def test_far_repeats_lie_beyond_xl_reach_for_any_segment_and_span():
 
 
 def test_a_far_or_near_corpus_other_than_the_default_gets_its_own_store_and_runs():
-    from rpt.experiments.copytest import _far_tag, _near_tag, _spec, summary_path
+    from lab.copytest import _far_tag, _near_tag, _spec, summary_path
 
     assert _far_tag(CopyTestSettings()) == "" and _far_tag(CopyTestSettings(far_p=0.5)) == "-p0.5"
     near = CopyTestSettings(near_p=1.0)
@@ -81,7 +81,7 @@ def test_copy_test_passes(tmp_path):
     """The documented CPU setting at the demo's size (docs/results/copy-test.md): xl copies near repeats; retro and
     rpt-sem copy far ones through their neighbours on each of three paired seeds, rpt-sem's own retriever finding the
     source; xl cannot. The near control trains 1,000 updates: at 400 it reaches a copy advantage of 1.1 nats, at 600
-    1.4, at 1,000 2.2, above the check's 2.0 (`rpt copytest --near-steps N --variants ""`, one seed)."""
+    1.4, at 1,000 2.2, above the check's 2.0 (`python -m lab copytest --near-steps N --variants ""`, one seed)."""
     s = CopyTestSettings(out=tmp_path / "ct", seq_len=1024, segment_len=64, batch_size=2, eval_docs=6, min_lr_ratio=1.0,
                          scorer_k=2, steps=150, near_steps=1000, variants=("retro", "rpt-sem"), seeds=(0, 1, 2),
                          near_every_seed=False, progress=False)
@@ -133,7 +133,7 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
 
 
 def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_tokens(tmp_path):
-    from rpt.experiments.copytest import passage_tokens, text_tokenizer
+    from lab.copytest import passage_tokens, text_tokenizer
     from rpt.training.data import open_store
 
     s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
@@ -158,7 +158,7 @@ def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_to
 
 
 def test_a_tokenizer_file_names_the_text_runs_without_folders():
-    from rpt.experiments.copytest import _size_tag
+    from lab.copytest import _size_tag
 
     tag = _size_tag(CopyTestSettings(words="text", tokenizer="/data/tok/my tokenizer.json"))
     assert "/" not in tag and " " not in tag and tag.endswith("-text-data-tok-my-tokenizer.json")
@@ -166,7 +166,7 @@ def test_a_tokenizer_file_names_the_text_runs_without_folders():
 
 
 def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
-    from rpt.experiments.copytest import _holds
+    from lab.copytest import _holds
 
     window = np.arange(128)
     assert _holds(window, np.arange(37, 101)) and _holds(window, np.arange(0, 64)) and _holds(window, np.arange(64, 128))
@@ -174,7 +174,7 @@ def test_the_unaligned_hit_counts_a_neighbour_holding_the_chunk_at_any_offset():
 
 
 def test_a_near_control_learning_rate_of_its_own_names_its_runs_and_summary():
-    from rpt.experiments.copytest import _lr, _lr_tag, summary_path
+    from lab.copytest import _lr, _lr_tag, summary_path
 
     d, own, both = CopyTestSettings(), CopyTestSettings(near_lr=3e-3), CopyTestSettings(lr=3e-3)
     assert (_lr("near", own), _lr("far", own), _lr("near", d)) == (3e-3, 1e-2, 1e-2)
@@ -185,7 +185,7 @@ def test_a_near_control_learning_rate_of_its_own_names_its_runs_and_summary():
 
 
 def test_rpt_sem_runs_are_named_by_their_scorer_so_another_scorer_never_resumes_them():
-    from rpt.experiments.copytest import _scorer_tag
+    from lab.copytest import _scorer_tag
 
     assert _scorer_tag(CopyTestSettings()) == ""  # the near control trains as the far runs do
     assert _scorer_tag(CopyTestSettings(steps=100, near_steps=400)) == "-scorer400steps"
@@ -197,7 +197,7 @@ def test_rpt_sem_runs_are_named_by_their_scorer_so_another_scorer_never_resumes_
 
 
 def test_a_near_control_that_learned_nothing_does_not_lower_the_far_checks():
-    from rpt.experiments.copytest import verdict
+    from lab.copytest import verdict
 
     def run(setting, variant, own_adv, none_tail, own_tail):
         ev = {"none": {"advantage": own_adv if variant == "xl" else 0.0, "repeat-tail": none_tail, "all": 5.5}}
@@ -218,7 +218,7 @@ def test_a_near_control_that_learned_nothing_does_not_lower_the_far_checks():
 
 
 def test_a_gain_that_random_chunks_of_the_document_give_too_is_not_reading():
-    from rpt.experiments.copytest import verdict
+    from lab.copytest import verdict
 
     def run(setting, variant, tail, random_tail=None):  # repeat-tail losses: none 5.5, own `tail`, random `random_tail`
         ev = {"none": {"advantage": 3.0 if setting == "near" else 0.0, "repeat-tail": 5.5, "all": 5.5}}

@@ -1,16 +1,16 @@
-"""`rpt demo` end to end at a reduced size (the copy test, its table, figure and explorer page), and `rpt bench`'s
-training rows on a store made by the pipeline's own verbs."""
+"""`python -m lab demo` end to end at a reduced size (the copy test, its table, figure and explorer page), and
+`python -m lab bench`'s training rows on a store made by the pipeline's own verbs."""
 
 import json
 
 import pytest
+from cli_parsers import main
 
-from rpt.cli import main
 from rpt.config import VARIANTS
 
 
 def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
-    import rpt.experiments.demo as demo
+    import lab.demo as demo
 
     # smaller still: one document per update, one test document (the copy test's flags, printed with its command)
     monkeypatch.setattr(demo, "COPY_SIZE", {**demo.COPY_SIZE, "batch_size": 1, "eval_docs": 1})
@@ -32,7 +32,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     for f in ("copy_test.png", "explore.html"):
         assert (res / f).stat().st_size > 1000, f
     text = capsys.readouterr().out
-    assert "$ rpt copytest" in text and "$ rpt explore" in text and "source@1" in text and "± " in text
+    assert "$ python -m lab copytest" in text and "$ rpt explore" in text and "source@1" in text and "± " in text
     assert "--batch-size 1 --eval-docs 1" in text
     assert "longer comparisons:" in text and "scripts/domain_sweep.sh" in text
     assert ("FAILED" in text) == (not summary["passed"])  # a check not expected at this size is marked, not failed
@@ -52,7 +52,7 @@ def _copy_summary(checks: dict[str, bool], skip: dict[str, str]) -> dict:
 
 
 def test_the_demo_table_marks_a_check_not_expected_at_its_size_and_never_says_failed():
-    from rpt.experiments.demo import DemoSettings, format_table, not_expected, summarize_copy
+    from lab.demo import DemoSettings, format_table, not_expected, summarize_copy
 
     near, far = "xl copies near repeats", "rpt-sem far gain comes from its neighbours"
     skip = not_expected(DemoSettings())  # the default: a near control of 400 updates

@@ -100,7 +100,8 @@ def test_no_design_md_outside_docs():
 
 
 def test_slug_matches_github():
-    assert slug("`rpt bench --scale` at the 250m preset") == "rpt-bench---scale-at-the-250m-preset"
+    assert slug("`rpt train --steps` at the 250m preset") == "rpt-train---steps-at-the-250m-preset"
+    assert slug("`python -m lab bench`") == "python--m-lab-bench"
     assert slug("Real code, longer: retro's retrieval gain over 1,200 updates") == (
         "real-code-longer-retros-retrieval-gain-over-1200-updates"
     )

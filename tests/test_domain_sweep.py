@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from rpt.cli import build_parser, main
+from cli_parsers import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 RPT = Path(sys.executable).parent / "rpt"
@@ -26,7 +25,7 @@ OWN = {"SCORER": "own", "GOLD": "bm25", "K": "4"}  # the sweep's own seed-0 xl a
 
 
 def run_script(out: Path, rpt: Path, timeout: int = 600, **settings: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **SETTINGS, **settings, OUT=str(out), RPT=str(rpt))
+    env = dict(os.environ, **SETTINGS, **settings, OUT=str(out), RPT=str(rpt), LAB=str(rpt))
     return subprocess.run(["bash", str(ROOT / "scripts" / "domain_sweep.sh"), SPEC, "pg19"], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -40,7 +39,7 @@ def test_domain_sweep_script_runs_the_headline_setting_without_settings_and_resu
     env = {k: v for k, v in os.environ.items() if k not in ("STEPS", "SEEDS", "VARIANTS", "SEQ_LEN", "SEGMENT", "K",
                                                              "SCORER", "GOLD", "QUERY_FRACTION")}
     done = subprocess.run(["bash", str(ROOT / "scripts" / "domain_sweep.sh"), "stdlib", "code"],
-                          env=dict(env, OUT=str(out), RPT=str(rpt)), capture_output=True, text=True, timeout=60)
+                          env=dict(env, OUT=str(out), RPT=str(rpt), LAB=str(rpt)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     calls = recording_command.calls("rpt")
     parser = build_parser()

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from rpt.cli import build_parser, main
+from cli_parsers import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -34,7 +33,8 @@ TINY = {"DEVICE": "cpu", "PRESET": "tiny", "SEQ": "512", "PRECISION": "fp32", "S
 
 def test_every_stage_runs_its_command(tmp_path, recording_command, monkeypatch):
     out = tmp_path / "gc"
-    r = run(out, RPT=str(recording_command("rpt")), PYTHON=str(recording_command("python")), SCORER="tiny", **TINY)
+    rec = str(recording_command("rpt"))
+    r = run(out, RPT=rec, LAB=rec, PYTHON=str(recording_command("python")), SCORER="tiny", **TINY)
     assert r.returncode == 0, r.stderr + r.stdout[-2000:]
     for stage in ("env", "tests", "kernels", "scale", "compile", "labels"):
         assert f"== {stage}: exit 0 after" in (out / f"{stage}.txt").read_text(), stage
@@ -44,7 +44,7 @@ def test_every_stage_runs_its_command(tmp_path, recording_command, monkeypatch):
     assert compiled.scale and compiled.compile == "both" and compiled.out == out / "compile.json"
     env, tests, labels = recording_command.calls("python")
     assert env[0] == "-c" and tests == ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    import rpt.experiments.bench_labels as bench_labels
+    import lab.bench_labels as bench_labels
 
     got = []
     monkeypatch.setattr(bench_labels, "run_benchmark", lambda *a: got.append(a) or {"scripted": True})

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from rpt.cli import build_parser
+from cli_parsers import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 RPT = Path(sys.executable).parent / "rpt"
@@ -25,7 +24,7 @@ RPT = Path(sys.executable).parent / "rpt"
 def test_default_settings_are_the_measured_ones_and_every_command_parses(tmp_path, recording_command):
     rpt = recording_command("rpt")
     out = tmp_path / "gr"
-    env = dict(os.environ, REQUIRE_GPU="0", RPT=str(rpt), PYTHON=sys.executable, ALPHA_RAMP="80")
+    env = dict(os.environ, REQUIRE_GPU="0", RPT=str(rpt), LAB=str(rpt), PYTHON=sys.executable, ALPHA_RAMP="80")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -54,6 +53,7 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     out = tmp_path / "gr"
     env = dict(os.environ, REQUIRE_GPU="0", PRESET="tiny", SCORER="own", SEQ_LEN="512", SEGMENT="64", STEPS="2",
                LR="0.01", BATCH="2", SEEDS="0", ALPHA_RAMP="1", TOKENIZER="corpus", QUERY_FRACTION="1", RPT=str(RPT),
+               LAB=f"{sys.executable} -m lab",
                PYTHON=sys.executable, CURVE="1", CHECKPOINT_EVERY="1",
                CORPUS="synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4")
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_retrieval.sh"), str(out)], env=env,

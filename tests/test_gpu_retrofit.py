@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from rpt.cli import build_parser
+from cli_parsers import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_retrofit.sh"
@@ -25,8 +24,8 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess:
 def test_the_dry_run_prints_every_command_and_runs_none(tmp_path, recording_command, benchmark_script, how):
     rpt = recording_command("rpt")
     out = tmp_path / "gr"
-    r = (run(str(out), "--dry-run", RPT=str(rpt), BACKBONE="/models/smollm2.gguf") if how == "flag"
-         else run(str(out), RPT=str(rpt), BACKBONE="/models/smollm2.gguf", DRY_RUN="1"))
+    r = (run(str(out), "--dry-run", RPT=str(rpt), LAB=str(rpt), BACKBONE="/models/smollm2.gguf") if how == "flag"
+         else run(str(out), RPT=str(rpt), LAB=str(rpt), BACKBONE="/models/smollm2.gguf", DRY_RUN="1"))
     assert r.returncode == 0, r.stderr
     assert recording_command.calls("rpt") == [] and not out.exists(), "a dry run runs nothing"
     lines = [shlex.split(line[2:]) for line in r.stdout.splitlines() if line.startswith("+ ")]

@@ -1,4 +1,4 @@
-"""The attention-kernel check (rpt.experiments.kernels, `rpt bench --kernels`): it reads the kernel each SDPA call took from the
+"""The attention-kernel check (lab.kernels, `python -m lab bench --kernels`): it reads the kernel each SDPA call took from the
 profiler, names the call site, and catches the unfused math path."""
 
 import json
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.cli import main
-from rpt.experiments.kernels import FUSED, probe_kernels, probe_sdpa
+from lab.cli import main
+from lab.kernels import FUSED, probe_kernels, probe_sdpa
 
 
 class TwoCalls(nn.Module):

@@ -16,13 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def module_names() -> dict[str, Path]:
-    """Dotted name -> file of every module under rpt/ (a package by its __init__.py)."""
+    """Dotted name -> file of every module under rpt/ and lab/ (a package by its __init__.py)."""
     out = {}
-    for path in sorted((ROOT / "rpt").rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for folder in ("rpt", "lab"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -112,7 +113,7 @@ def _where(graph: dict[str, dict[str, int]], a: str, b: str) -> str:
 def test_the_graph_sees_module_and_function_level_imports():
     graph = import_graph()
     assert "rpt.model.decoder" in graph["rpt.model.rpt"]  # a module-level `from rpt.model.decoder import`
-    assert "rpt.experiments.demo" in graph["rpt.commands.demo"]  # a function-level `from rpt.experiments.demo import`
+    assert "lab.demo" in graph["lab.commands.demo"]  # a function-level `from lab.demo import`
     assert "rpt.hf_auto" in graph["rpt"]  # `from rpt import hf_auto`: a module, not a name of rpt
     toy = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
     assert cycles(toy) == [["a", "b", "c"]]
@@ -137,11 +138,18 @@ def test_no_import_cycles():
 
 
 def test_the_library_does_not_import_the_experiments():
-    """rpt/experiments/ drives the library; no library module depends on a driver (the commands and the CLI may)."""
+    """lab/ drives the library; no module of the library depends on it."""
     graph = import_graph()
     bad = [_where(graph, a, b) for a, deps in graph.items() for b in deps
-           if b.startswith("rpt.experiments") and not a.startswith(("rpt.experiments", "rpt.commands", "rpt.cli"))]
+           if (b == "lab" or b.startswith("lab.")) and a.startswith("rpt")]
     assert not bad, "library modules importing the experiments:\n" + "\n".join(bad)
+
+
+def test_pip_installs_the_library_alone():
+    import tomllib
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert found["include"] == ["rpt*"], found
 
 
 # The floors of the library, lowest first: a module imports only modules of its own floor or below. The model knows
@@ -153,9 +161,7 @@ FLOORS = [
     ("training, evaluation, decoding", ("rpt.training", "rpt.eval", "rpt.decoding", "rpt.explore", "rpt.retrofit")),
     ("Hugging Face, export, API", ("rpt.hf", "rpt.hf_auto", "rpt.export", "rpt.api", "rpt")),
     ("command line", ("rpt.commands", "rpt.cli")),
-    # the experiments and the verbs that run them
-    ("experiments", ("rpt.experiments", "rpt.commands.bench", "rpt.commands.compare", "rpt.commands.copytest",
-                     "rpt.commands.demo", "rpt.commands.sweep")),
+    ("experiments (lab/, beside the library)", ("lab",)),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The memory benchmarks run as documented (toy sizes), and `rpt bench --set` reaches the measured configs."""
+"""The memory benchmarks run as documented (toy sizes), and `python -m lab bench --set` reaches the measured configs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rpt.cli import main
+from lab.cli import main
 
 
 def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch, benchmark_script):
@@ -26,7 +26,7 @@ def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monk
     import inspect
     import os
 
-    import rpt.experiments.bench as bench
+    import lab.bench as bench
 
     probes = []
 

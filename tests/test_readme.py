@@ -7,7 +7,8 @@ through `rpt.cli.main` with flags appended that only make it small (fewer docume
 win in argparse, and none of them changes what the command means. docs/cli.md's `--corpus stdlib` reads a few short
 modules of the same standard library (`stdlib:<names>`): every later command reads test document 0, and
 the full library's (enum, 38k tokens) would make this test take minutes. Not run here, each covered elsewhere: `torchrun`
-(8 GPUs), `rpt demo` (tests/test_demo.py), `rpt copytest` (tests/test_copytest.py), `rpt bench` (minutes of timing).
+(8 GPUs), `python -m lab demo` (tests/test_demo.py), `python -m lab copytest` (tests/test_copytest.py), `python -m lab
+bench` (minutes of timing).
 """
 
 import re
@@ -15,8 +16,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-from rpt.cli import main
+from cli_parsers import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -40,12 +40,14 @@ SHORT_STDLIB = "stdlib:__future__,_compat_pickle,_py_abc,_sitebuiltins,_weakrefs
 
 
 def commands_in(section: str) -> list[str]:
+    """The command lines of a page's code blocks; an experiment's `python -m lab <verb> ...` as `lab <verb> ...`."""
     commands = []
     for block in re.findall(r"```\n(.*?)```", section, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #", 1)[0].strip()
-            if line.startswith(("rpt ", "torchrun ")) and not re.match(r"rpt \w+ {2,}", line):  # not the verb list
-                commands.append(line)
+            line = "lab " + line[len("python -m lab "):] if line.startswith("python -m lab ") else line
+            if line.startswith(("rpt ", "lab ", "torchrun ")) and not re.match(r"(rpt|lab) \w+ {2,}", line):
+                commands.append(line)  # not the verb list
     return commands
 
 
@@ -91,13 +93,13 @@ def test_readme_quickstart_runs_in_order(tmp_path, monkeypatch, capsys):
 def test_every_readme_command_is_tested():
     """Every `rpt` command in README.md is the quickstart's (run above) or the demo (tests/test_demo.py)."""
     text = README.read_text()
-    allowed = set(quickstart_commands()) | {"rpt demo"}
+    allowed = set(quickstart_commands()) | {"lab demo"}
     found = {c for c in commands_in(text)}
     assert found <= allowed, found - allowed
 
 
 def test_the_pipeline_section_has_every_verb():
-    verbs = {shlex.split(c)[1] for c in pipeline_commands() if c.startswith("rpt ")}
+    verbs = {shlex.split(c)[1] for c in pipeline_commands() if c.startswith(("rpt ", "lab "))}
     assert set(SMALL) | ELSEWHERE <= verbs
 
 
@@ -127,11 +129,10 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "explore.html").is_file() and (tmp_path / "sem.json").is_file()
 
 
-@pytest.mark.parametrize("line", [c for c in pipeline_commands() + quickstart_commands() if c.startswith("rpt ")])
+@pytest.mark.parametrize("line", [c for c in pipeline_commands() + quickstart_commands()
+                                  if c.startswith(("rpt ", "lab "))])
 def test_every_readme_command_parses(line):
     """Even the commands not run above name only flags their verb has."""
-    from rpt.cli import build_parser
-
     build_parser().parse_args(shlex.split(line)[1:])
 
 

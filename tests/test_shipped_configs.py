@@ -8,8 +8,10 @@ import json
 
 import pytest
 import yaml
+from cli_parsers import main
 
-from rpt.cli import build_parser, main
+from lab.cli import LAB
+from rpt.cli import build_parser
 from rpt.config import CONFIG_DIR, PRESETS, SIZE_NAMES, ConfigError, RPTConfig, load_config, shipped_configs
 
 SYNTHETIC = "synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4"
@@ -96,8 +98,11 @@ def test_one_set_grammar(capsys, argv):
 
 
 def _device_verbs() -> dict[str, argparse.ArgumentParser]:
-    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return {n: p for n, p in sub.choices.items() if any("--device" in a.option_strings for a in p._actions)}
+    found = {}
+    for parser in (build_parser(), build_parser(LAB)):
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        found.update({n: p for n, p in sub.choices.items() if any("--device" in a.option_strings for a in p._actions)})
+    return found
 
 
 def test_every_device_option_takes_the_same_forms():

@@ -1,4 +1,4 @@
-"""`rpt sweep`: variants x paired seeds trained, evaluated with each neighbour source and tabulated in one command;
+"""`python -m lab sweep`: variants x paired seeds trained, evaluated with each neighbour source and tabulated in one command;
 resumed without redoing finished work; stale runs and results named, never reused; bad input is one line before any
 work."""
 
@@ -8,6 +8,7 @@ import os
 import pytest
 
 import rpt.cli
+from lab.cli import main as lab_main
 from rpt.cli import main
 
 SMALL = ["--preset", "tiny", "--steps", "3", "--seq-len", "512", "--batch-size", "2", "--set", "model.segment_len=64"]
@@ -24,7 +25,7 @@ def store(tmp_path_factory):
 
 
 def sweep(out, store, *flags, variants="xl,retro,rpt-lex", seeds="0,1", train=()):
-    return main(["sweep", "--out", str(out), "--variants", variants, "--seeds", seeds, "--no-progress", *flags, "--",
+    return lab_main(["sweep", "--out", str(out), "--variants", variants, "--seeds", seeds, "--no-progress", *flags, "--",
                  *SMALL, "--store", str(store), *train])
 
 
@@ -107,8 +108,8 @@ def test_a_failing_job_stops_the_sweep_with_its_command(store, tmp_path, capsys,
     out = tmp_path / "sw"
     real = rpt.cli.main
     monkeypatch.setattr(rpt.cli, "main", lambda argv: 1 if argv[0] == "eval" else real(argv))
-    assert real(["sweep", "--out", str(out), "--variants", "xl,griffin", "--seeds", "0", "--no-progress", "--", *SMALL,
-                 "--store", str(store)]) == 2
+    assert lab_main(["sweep", "--out", str(out), "--variants", "xl,griffin", "--seeds", "0", "--no-progress", "--",
+                     *SMALL, "--store", str(store)]) == 2
     err = capsys.readouterr().err
     assert "sweep stopped: eval xl seed 0 none failed (exit 1)" in err and "rpt eval --checkpoint" in err
     assert (out / "xl-seed0" / "checkpoints" / "step_00000003").is_dir()
@@ -168,7 +169,7 @@ def test_bad_input_is_one_line_before_any_work(store, tmp_path, capsys, flags, t
         args[k] = v.replace("STORE", str(store))
     argv = ["sweep", "--out", str(tmp_path / "sw"), *[x for kv in args.items() for x in kv], "--", *SMALL, "--store",
             str(store), *train]
-    assert main(argv) == 2
+    assert lab_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "sw").exists()
@@ -185,5 +186,5 @@ def test_test_labels_of_another_kind_are_refused_before_any_work(store, tmp_path
 
 
 def test_the_train_arguments_need_a_preset_or_a_config(tmp_path, capsys):
-    assert main(["sweep", "--out", str(tmp_path / "sw"), "--variants", "xl", "--", "--steps", "3"]) == 2
+    assert lab_main(["sweep", "--out", str(tmp_path / "sw"), "--variants", "xl", "--", "--steps", "3"]) == 2
     assert "train arguments: one of the arguments --config --preset is required" in capsys.readouterr().err

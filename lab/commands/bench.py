@@ -1,4 +1,4 @@
-"""rpt bench: step time per variant relative to xl, eval cost versus document length, labelling throughput."""
+"""python -m lab bench: step time per variant relative to xl, eval cost versus document length, labelling throughput."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 HELP = ("benchmark side by side: training step time of each variant vs xl, eval time/memory vs length, labelling "
         "speed; --scale: step time, peak memory and the largest batch at a big preset (synthetic data)")
 ORDER = 90
-GROUP = "develop"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +82,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from rpt.experiments.bench import bench_scale, format_scale
+    from lab.bench import bench_scale, format_scale
     from rpt.utils import UserError, write_json_atomic
 
     variants = _variants(args)
@@ -123,7 +122,7 @@ def _variants(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
     """--device (resolved) and the machine's description, printed."""
-    from rpt.experiments.bench import machine
+    from lab.bench import machine
 
     device = args.device
     info = machine()
@@ -133,7 +132,7 @@ def _device_and_machine(args: argparse.Namespace) -> tuple[str, dict]:
 
 def _kernels(args: argparse.Namespace) -> int:
 
-    from rpt.experiments.kernels import format_kernels, probe_kernels
+    from lab.kernels import format_kernels, probe_kernels
     from rpt.utils import write_json_atomic
 
     variants = _variants(args)
@@ -171,13 +170,13 @@ def run(args: argparse.Namespace) -> int:
         from rpt.utils import UserError
 
         raise UserError(f"--rounds {args.rounds}: expected 1 or more")
-    from rpt.experiments.bench import run_bench
+    from lab.bench import run_bench
 
     if args.store is None:
         from rpt.utils import UserError
 
         raise UserError("--store is required for the training benchmark (or --scale / --kernels, which need none): a "
-                        "`rpt prepare` root with train labels of both kinds (docs/cli.md#rpt-demo-and-rpt-bench)")
+                        "`rpt prepare` root with train labels of both kinds (docs/cli.md#python--m-lab-demo-and-rpt-bench)")
 
     run_bench(args.store, labels_root=args.labels_root, preset=args.preset, seq_len=args.seq_len,
               segment_len=128 if args.segment_len is None else (args.segment_len or None), batch_size=args.batch_size,

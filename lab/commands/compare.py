@@ -1,5 +1,5 @@
-"""`rpt compare`: the paper's comparison tables (Tables 2-4 layout) from `rpt eval` results, over seeds
-(rpt/experiments/compare.py)."""
+"""`python -m lab compare`: the paper's comparison tables (Tables 2-4 layout) from `rpt eval` results, over seeds
+(lab/compare.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ORDER = 45
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rpt.experiments.compare import DOMAINS
+    from lab.compare import DOMAINS
 
     p.add_argument("results", nargs="+", metavar="RESULT", help="`rpt eval` result JSONs, or folders searched for them")
     p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
@@ -31,7 +31,7 @@ def _step(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.experiments.compare import compare, load_results, to_markdown
+    from lab.compare import compare, load_results, to_markdown
     from rpt.outputs import claim_file, write_text
     from rpt.utils import write_json_atomic
 
@@ -44,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json_atomic(args.out, table, "compare")
     if args.markdown:
-        write_text(args.markdown, "<!-- written by rpt compare -->\n" + text + "\n")
+        write_text(args.markdown, "<!-- written by rpt (python -m lab compare) -->\n" + text + "\n")
     return 0

@@ -1,5 +1,5 @@
-"""`rpt copytest`: does retrieval work? xl copies near repeats; retro, rpt-lex and rpt-sem must copy far ones
-(rpt/experiments/copytest.py)."""
+"""`python -m lab copytest`: does retrieval work? xl copies near repeats; retro, rpt-lex and rpt-sem must copy far ones
+(lab/copytest.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from pathlib import Path
 
 HELP = "the copy test: xl on near repeats (control); xl and retrieving variants on repeats beyond xl's reach, per seed"
 ORDER = 85
-GROUP = "develop"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from lab.copytest import CopyTestSettings
     from rpt.commands.options import add_set
-    from rpt.experiments.copytest import CopyTestSettings
 
     d = CopyTestSettings()
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for stores, runs and copytest.json (default {d.out})")
@@ -68,9 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    from lab.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.commands.options import parse_sets
     from rpt.config import RETRIEVING, RPTConfig
-    from rpt.experiments.copytest import CopyTestSettings, far_distance, run_copytest
     from rpt.utils import UserError, parse_seeds
 
     seeds = parse_seeds(args.seeds)
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                          passage_max=passage_max, words=args.words, vocab=args.vocab, tokenizer=args.tokenizer)
     try:
         if s.words == "text":
-            from rpt.experiments.copytest import text_tokenizer
+            from lab.copytest import text_tokenizer
 
             s.tokens_per_word = text_tokenizer(s)[1]
         far_distance(s)

@@ -1,4 +1,5 @@
-"""rpt demo: retrieval shown working on the copy corpus in about 4 minutes on 2 CPU cores, printing every command it runs."""
+"""`python -m lab demo`: retrieval shown working on the copy corpus in about 4 minutes on 2 CPU cores, printing every
+command it runs."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from pathlib import Path
 HELP = ("show retrieval working in about 4 minutes on 2 CPU cores: xl and rpt-sem on documents whose repeats lie beyond "
         "any local window (the copy test at a small size), paired seeds, a table, a figure and an explorer page")
 ORDER = 80
-GROUP = "develop"  # listed apart in `rpt --help`: an experiment of rpt/experiments/
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rpt.experiments.demo import DemoSettings
+    from lab.demo import DemoSettings
 
     d = DemoSettings()
     p.add_argument("--out", type=Path, default=d.out, help=f"folder for the stores, runs and results (default {d.out})")
@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.demo import DemoSettings, run_demo
     from rpt.config import RETRIEVING
-    from rpt.experiments.demo import DemoSettings, run_demo
     from rpt.utils import UserError, parse_seeds
 
     seeds = parse_seeds(args.seeds)

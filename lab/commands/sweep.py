@@ -1,5 +1,5 @@
-"""`rpt sweep`: train every variant for every seed on one store, evaluate each with its neighbour sources, tabulate
-(rpt/experiments/sweep.py)."""
+"""`python -m lab sweep`: train every variant for every seed on one store, evaluate each with its neighbour sources, tabulate
+(lab/sweep.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ ORDER = 44
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from lab.compare import DOMAINS
     from rpt.config import VARIANTS
-    from rpt.experiments.compare import DOMAINS
 
     p.add_argument("--out", type=Path, required=True,
                    help="sweep folder: one run per variant and seed (V-seedS), eval/, compare.md, commands.txt")
@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lab.sweep import SweepSettings, run_sweep
     from rpt.config import VARIANTS
-    from rpt.experiments.sweep import SweepSettings, run_sweep
     from rpt.utils import UserError, parse_seeds
 
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())

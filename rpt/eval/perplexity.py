@@ -300,7 +300,7 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
             values["random"] = metrics.expected_random(rows.candidates, rows.target, pool)
             values["oracle"] = metrics.ranking_values(oracle_neighbors(rows.candidates, rows.target, METRIC_DEPTH),
                                                       rows.candidates, rows.target)
-            rec["metrics"] = {}  # this document's sums (no buckets), for per-document intervals (rpt compare)
+            rec["metrics"] = {}  # this document's sums (no buckets), for per-document intervals (python -m lab compare)
             for name, v in values.items():
                 for key, x in metrics.bucketed_sums(v, stats, metrics.pool_buckets(train_pool)).items():
                     sums[f"metrics.{name}.{key}"] = sums.get(f"metrics.{name}.{key}", 0.0) + x
@@ -428,7 +428,7 @@ def read_result(path: str | Path, arg: str, per_chunk: bool = False) -> dict[str
 def environment() -> dict[str, Any]:
     """What a rerun must match to be compared figure for figure: the machine (architecture, CPU count, GPU), torch's
     thread count, and the versions of torch, Python, rpt and the platform. Recorded in every result of `rpt eval` and
-    table of `rpt compare`."""
+    table of `python -m lab compare`."""
     import os
     import platform
 

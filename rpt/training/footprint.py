@@ -119,7 +119,7 @@ def estimate_step_memory(cfg: RPTConfig, device: str = "cpu") -> MemoryEstimate:
 
 def math_attention(m: ModelConfig, device: str) -> bool:
     """Whether attention takes the unfused math path in training: a CPU's whenever the attention probabilities take
-    dropout, which no fused CPU kernel does (rpt bench --kernels)."""
+    dropout, which no fused CPU kernel does (python -m lab bench --kernels)."""
     return device == "cpu" and m.attention_dropout > 0
 
 

@@ -23,7 +23,7 @@ from rpt.model.loss import Sum, lm_loss, lm_loss_chunked, normalise  # noqa: F40
 def forward_lm(model: torch.nn.Module, input_ids: torch.Tensor, model_kwargs: dict, loss_mask: torch.Tensor | None,
                loss_chunk: int) -> tuple[object, Sum]:
     """The model's forward and its LM loss: computed by the model in chunks (loss_chunk > 0: no [B, T, V] logits) or
-    from the full logits (loss_chunk = 0). The training loop and `rpt bench` take their step through here."""
+    from the full logits (loss_chunk = 0). The training loop and `python -m lab bench` take their step through here."""
     if loss_chunk > 0:
         out = model(input_ids, **model_kwargs, loss_chunk=loss_chunk, loss_mask=loss_mask)
         return out, out.lm

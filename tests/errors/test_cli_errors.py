@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))
+from cli_parsers import LAB_VERBS, main  # noqa: E402
 from eval_helpers import M, make_model, make_root, save_checkpoint, tiny_config, word_tokenizer  # noqa: E402
 
-from rpt.cli import build_parser, main  # noqa: E402
+from lab.cli import LAB  # noqa: E402
+from rpt.cli import build_parser  # noqa: E402
 from rpt.config import MAX_NEIGHBORS, ConfigError, RPTConfig  # noqa: E402
 
 LENGTHS = [26 * M + 3, 18 * M]
@@ -45,7 +47,7 @@ def fails(capsys, verb: str, *args, says: tuple = ()) -> str:
     err = capsys.readouterr().err
     assert code == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"rpt {verb}: error: "), err
+    assert len(lines) == 1 and lines[0].startswith(f"{prog(verb)} {verb}: error: "), err
     for text in says:
         assert str(text) in lines[0]
     return lines[0]
@@ -229,10 +231,16 @@ def test_copytest_checks_set_fields_before_any_work(tmp_path, capsys):
 # 9. help text
 
 
+def prog(verb: str) -> str:
+    return LAB.prog if verb in LAB_VERBS else "rpt"
+
+
 def _verbs() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
+    found = {}
+    for parser in (build_parser(), build_parser(LAB)):
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        found.update(sub.choices)
+    return found
 
 
 def test_every_option_of_every_verb_has_help():
@@ -254,5 +262,5 @@ def test_negative_threads_are_refused_by_every_verb(verb, tmp_path, capsys, monk
                 "bench": [], "demo": [], "copytest": []}
     assert main([verb, *required[verb], "--threads", "-1"]) == 2
     err = capsys.readouterr().err
-    assert err == f"rpt {verb}: error: --threads must be a number of CPU threads (0: torch's choice), not -1\n"
+    assert err == f"{prog(verb)} {verb}: error: --threads must be a number of CPU threads (0: torch's choice), not -1\n"
     assert not any(tmp_path.iterdir())

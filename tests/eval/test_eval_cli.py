@@ -163,8 +163,8 @@ def test_memory_tokens_resizes_the_memorizing_memory(setup, tmp_path, capsys):
     """--memory-tokens: one memorizing checkpoint evaluated with a memory that binds (one segment of tokens) differs
     from the full memory and equals it exactly when the size does not bind. The result keeps the trained size in its
     config and the size used in eval.memory_tokens; the default output name says it (no overwrite of the plain
-    result); `rpt compare` makes each size its own row, labelled by it. Other variants refuse it with one line."""
-    from rpt.experiments.compare import group_settings, load_results, paper_row
+    result); `python -m lab compare` makes each size its own row, labelled by it. Other variants refuse it with one line."""
+    from lab.compare import group_settings, load_results, paper_row
     from rpt.model.registry import build_model
 
     s = setup

@@ -1,5 +1,5 @@
 """The oracle is a ceiling only where its gold was scored: with labels, `rpt eval` also reports the perplexity over the
-target chunks of the query chunks whose gold was scored, and `rpt compare` reports a sampled gold's oracle over those
+target chunks of the query chunks whose gold was scored, and `python -m lab compare` reports a sampled gold's oracle over those
 tokens only, beside no neighbours and the own source on the same tokens."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from eval_helpers import M, make_model, make_store, word_tokenizer, write_doc_labels
 
+from lab.compare import compare, to_markdown
 from rpt.config import RPTConfig
 from rpt.data.store import TokenStore
 from rpt.eval.perplexity import evaluate, oracle_neighbors, scored_queries, scored_sums, summarize
-from rpt.experiments.compare import compare, to_markdown
 from rpt.labels.store import LabelStore
 from rpt.model.memory import TorchMemory
 

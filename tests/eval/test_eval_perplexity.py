@@ -169,7 +169,7 @@ def test_metrics_and_overlap_sums(tmp_path):
     out = evaluate(model, store, [0, 1], labels=labels, memory=TorchMemory, with_metrics=True)
     sums = out["sums"]
     n_pos = sum(int((np.nan_to_num(labels.rows(d).target, nan=-1) > 0).any(1).sum()) for d in (0, 1))
-    # each document carries its own metric sums (rpt compare's per-document intervals): they add up to the totals
+    # each document carries its own metric sums (python -m lab compare's per-document intervals): they add up to the totals
     for name in ("model", "bm25", "recency", "random", "oracle"):
         for key in ("precision@2", "recall@10", "ndcg@20", "n_queries"):
             per_doc = [d["metrics"][name][key] for d in out["documents"]]

@@ -8,13 +8,13 @@ pytest.importorskip("rank_bm25")
 
 def test_the_command_script_wraps_the_package_benchmark(benchmark_script):
     mod = benchmark_script("bench_labels")
-    from rpt.experiments import bench_labels as bench
+    from lab import bench_labels as bench
 
     assert mod.run_benchmark is bench.run_benchmark and mod.main is bench.main
 
 
 def test_benchmark_runs_and_reports_ratios():
-    from rpt.experiments import bench_labels as bench
+    from lab import bench_labels as bench
 
     tokens, tok = bench.stdlib_tokens(20_000, vocab_size=1024)
     assert len(tokens) == 20_000
@@ -33,7 +33,7 @@ def test_benchmark_runs_and_reports_ratios():
 
 def test_smollm2_shape_scorer_has_smollm2s_architecture_and_covers_the_bpe():
     """`--scorer smollm2-shape`: SmolLM2-135M's shape (its cost) with random weights; the vocabulary pads past the BPE's."""
-    from rpt.experiments import bench_labels as bench
+    from lab import bench_labels as bench
 
     _, tok = bench.stdlib_tokens(5_000, vocab_size=512)
     sc = bench.tiny_scorer(tok, "cpu", shape=bench.SMOLLM2_SHAPE)

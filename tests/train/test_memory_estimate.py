@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from lab.bench import scale_config
 from rpt.config import VARIANTS
-from rpt.experiments.bench import scale_config
 from rpt.training.footprint import estimate_step_memory, saved_tensor_bytes
 
 # (d_model, n_heads, segment_len): the tiny preset's shape and one twice as wide with other head and window sizes
