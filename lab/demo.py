@@ -98,8 +98,9 @@ def run_demo(s: DemoSettings) -> dict[str, Any]:
     argv, cs = _copy_argv(s)
     # `python -m lab copytest` with these arguments, run here so that its table marks the checks not expected at this size
     from lab.copytest import run_copytest
+    from lab.folders import COPYTEST
     from rpt.cli import command_line
-    from rpt.outputs import COPYTEST, claim_folder
+    from rpt.outputs import claim_folder
 
     commands.append(command_line(argv, "python -m lab"))
     print(f"\n$ {commands[-1]}", flush=True)

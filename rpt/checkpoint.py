@@ -159,6 +159,8 @@ def verify(folder: str | Path, files: tuple[str, ...] = CHECKED_FILES) -> None:
 
 def prune(out_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps everything)."""
+    for left in checkpoint_dir(out_dir).glob(".step_*.old"):  # what a process killed while pruning left out of sight
+        shutil.rmtree(left, ignore_errors=True)
     if keep_last <= 0:
         return
     for p in list_checkpoints(out_dir)[:-keep_last]:
@@ -454,7 +456,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu",
     for attempt in range(_READ_TRIES):
         try:
             return _load_model(path, device, memory_tokens)
-        except (FileNotFoundError, DamagedCheckpoint, UserError):
+        except (FileNotFoundError, DamagedCheckpoint):
             # a run being trained rotates its checkpoints: the newest may be replaced while it is read; read the run
             # again (a checkpoint named explicitly is not retried: that one is what the caller asked for)
             if attempt == _READ_TRIES - 1 or not _is_run(path):

@@ -173,15 +173,6 @@ def mark_folder(folder: str | Path, owner: Owner) -> None:
         write_json(folder / MARK, {"verb": owner.verb, "rpt": __version__}, verb=owner.verb)
 
 
-# The folders of the experiment verbs: trees of stores, runs and results of their own
-SWEEP = Owner("sweep", ("*-seed*", "eval", "compare.json", "compare.md", "commands.txt", ".*.tmp", ".*.lock"),
-              lambda f: (f / "commands.txt").is_file() or any(r.is_dir() for r in f.glob("*-seed*")))
-COPYTEST = Owner("copytest", ("stores", "runs", "copytest*.json", ".*.tmp", ".*.lock"),
-                 lambda f: (f / "stores").is_dir() or (f / "runs").is_dir())
-DEMO = Owner("demo", ("copy", "results", ".*.tmp", ".*.lock"), lambda f: (f / "copy").is_dir())
-
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Files
 
@@ -207,13 +198,20 @@ def written_by(path: str | Path) -> str | None:
             return None
         if isinstance(obj, dict) and str(obj.get("written_by", "")).startswith("rpt"):
             return str(obj["written_by"])
-        if isinstance(obj, dict) and {"checkpoint", "split", "perplexity"} <= obj.keys():
+        config = obj.get("config") if isinstance(obj, dict) else None
+        model = config.get("model") if isinstance(config, dict) else None
+        legacy = {"format_version", "checkpoint", "config", "eval", "total"}
+        if isinstance(obj, dict) and legacy <= obj.keys() and isinstance(model, dict) and "variant" in model:
             return "rpt eval"  # a result of a version that did not sign its files
         return None
-    for tag in ('<meta name="generator" content="', "<!-- written by "):
-        i = text.find(tag)
-        if i >= 0 and text[i + len(tag):].startswith("rpt"):
-            return text[i + len(tag):].split('"')[0].split(" -->")[0]
+    first = text.split("\n", 1)[0]
+    if first.startswith("<!-- written by rpt"):  # markdown: the first line, as `write_text` callers put it
+        return first[len("<!-- written by "):].split(" -->")[0]
+    head = text.split("</head>", 1)[0] if text.startswith("<!DOCTYPE html>") else ""
+    tag = '<meta name="generator" content="'
+    i = head.find(tag)
+    if i >= 0 and head[i + len(tag):].startswith("rpt"):
+        return head[i + len(tag):].split('"')[0]
     return None
 
 

@@ -6,6 +6,7 @@ import errno
 import importlib
 import json
 import math
+import numbers
 import os
 import re
 import reprlib
@@ -127,6 +128,8 @@ def load_yaml(text: str, source: str, error: type[Exception] = UserError) -> Any
                 raise error(f"{source}: an alias (*{event.anchor}) at line {m.line + 1}, column {m.column + 1} is not "
                             "allowed (plain YAML only: write the value out)")
         return yaml.safe_load(text)
+    except RecursionError:
+        raise error(f"{source} is nested too deeply to read (plain YAML only: mappings, lists, numbers, strings)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -268,19 +271,21 @@ def _matches(value: Any, tp: Any) -> bool | None:
     if origin is typing.Literal:
         return value in typing.get_args(tp)
     if origin in (cabc.Sequence, list, tuple):
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        if isinstance(value, (str, bytes)):
             return False
+        if not isinstance(value, (list, tuple)):
+            return None if hasattr(value, "__len__") and hasattr(value, "__getitem__") else False  # an array
         args = typing.get_args(tp)
         if not args or args[-1] is Ellipsis and len(args) == 2 and args[0] is typing.Any:
             return True
         inner = [_matches(v, args[0]) for v in value[:1000]]
         return None if None in inner else all(inner)
     if tp is bool:
-        return isinstance(value, bool)
+        return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's too
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if tp in (str, Path):
         return isinstance(value, tp)
     return None

@@ -130,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
                               **overrides)
     except ValueError as e:
         raise UserError(str(e)) from None
-    from rpt.outputs import COPYTEST, claim_folder
+    from lab.folders import COPYTEST
+    from rpt.outputs import claim_folder
 
     claim_folder(args.out, COPYTEST)  # before any work: never into a folder of the user's
     summary = run_copytest(s)
+    from rpt.outputs import mark_folder
+
+    mark_folder(args.out, COPYTEST)
     print(f"wrote {summary['path']}")
     return 0 if summary["verdict"]["passed"] else 1

@@ -39,9 +39,13 @@ def run(args: argparse.Namespace) -> int:
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     if not variants or any(v not in RETRIEVING for v in variants):
         raise UserError(f"--variants {args.variants!r}: one or more of {', '.join(RETRIEVING)}")
-    from rpt.outputs import DEMO, claim_folder
+    from lab.folders import DEMO
+    from rpt.outputs import claim_folder
 
     claim_folder(args.out, DEMO)  # before any work: never into a folder of the user's
     summary = run_demo(DemoSettings(out=args.out, seeds=seeds, steps=args.steps, near_steps=args.near_steps,
                                     variants=variants, threads=args.threads, progress=not args.no_progress))
+    from rpt.outputs import mark_folder
+
+    mark_folder(args.out, DEMO)
     return 0 if summary["passed"] else 1  # 1: a check expected at this size is not met (the table says which)

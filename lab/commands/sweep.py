@@ -51,10 +51,15 @@ def run(args: argparse.Namespace) -> int:
     s = SweepSettings(out=args.out, variants=variants, seeds=parse_seeds(args.seeds), train_args=list(args.train_args),
                       labels=labels, test_labels=args.test_labels, max_documents=args.max_documents,
                       memory=args.memory, paper=args.paper, threads=args.threads, progress=not args.no_progress)
-    from rpt.outputs import SWEEP, claim_folder
+    from lab.folders import SWEEP
+    from rpt.outputs import claim_folder
 
     # before any work: never into a folder of the user's, nor over the labels it reads
     claim_folder(args.out, SWEEP, inputs={"labels_lex": args.labels_lex, "labels_sem": args.labels_sem,
                                           "test_labels": args.test_labels})
     run_sweep(s, dry_run=args.dry_run)
+    if not args.dry_run:
+        from rpt.outputs import mark_folder
+
+        mark_folder(args.out, SWEEP)  # its own from now on, whatever it holds
     return 0

@@ -145,17 +145,24 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_tokens is not None and args.memory_tokens < 1:
         raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
     if args.plots:
-        from rpt.outputs import check_writable
+        from rpt.outputs import check_writable, claim_file
 
         require("matplotlib", "--plots")  # now, not after the evaluation
         check_writable(args.plots, "plots")
+        for name in ("token_overlap.png", "subgroups.png", "supervision_quality.png"):  # replaced only if rpt's
+            claim_file(Path(args.plots) / name, "eval", arg="plots")
     compare = {path: read_result(path, "--compare") for path in args.compare}
     out = args.out
     if out is None:
         folder = resolve_checkpoint(args.checkpoint)
         src = args.source or default_source(checkpoint_config(folder).model.variant)
         mem = f"-mem{args.memory_tokens}" if args.memory_tokens else ""
-        out = folder / f"eval-{args.split}-{src}-k{args.neighbors}{mem}.json"
+        name = f"eval-{args.split}-{src}-k{args.neighbors}{mem}"
+        # a checkpoint of a run (checkpoints/step_N, or best): the result goes into the run folder, named by the
+        # checkpoint, since training prunes old checkpoints and replaces best/ with everything inside them
+        run_dir = folder.parent.parent if folder.parent.name == "checkpoints" else folder.parent
+        in_run = (folder.parent.name == "checkpoints" or folder.name == "best") and (run_dir / "config.yaml").is_file()
+        out = run_dir / f"{name}-{folder.name}.json" if in_run else folder / f"{name}.json"
     from rpt.outputs import claim_file
 
     # before any work: never over a file of the user's, nor one of the inputs

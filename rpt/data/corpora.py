@@ -127,21 +127,24 @@ def _visible(p: Path) -> bool:
     return not p.name.startswith(".") and p.name != "__pycache__"
 
 
-def _walk(root: Path, suffix: str | None = None, _seen: set[str] | None = None) -> list[Path]:
+def _walk(root: Path, suffix: str | None = None, _seen: set[str] | None = None,
+          _stack: tuple[str, ...] = ()) -> list[Path]:
     """Files under `root` in sorted relative-path order, hidden entries and __pycache__ pruned. Each real folder is
-    read once: a symlink to a folder already read (a loop such as `train/up -> ..`, or a second link to one folder)
-    is skipped."""
-    seen = _seen if _seen is not None else {os.path.realpath(root)}
+    read once: a folder already read (a second link to it) is skipped, and so is a symlink to a folder that holds the
+    one being read (a loop such as `train/up -> ..`)."""
+    top = os.path.realpath(root)
+    seen = _seen if _seen is not None else {top}
+    stack = (*_stack, top)
     out = []
     for p in sorted(root.iterdir()):
         if not _visible(p):
             continue
         if p.is_dir():
             real = os.path.realpath(p)
-            if real in seen or any(real == a or a.startswith(real + os.sep) for a in seen if p.is_symlink()):
-                continue  # read already, or an ancestor of a folder being read (a loop)
+            if real in seen or any(a == real or a.startswith(real + os.sep) for a in stack):
+                continue  # read already, or it holds a folder being read (a loop)
             seen.add(real)
-            out.extend(_walk(p, suffix, seen))
+            out.extend(_walk(p, suffix, seen, stack))
         elif p.is_file() and (suffix is None or p.name.endswith(suffix)):
             out.append(p)
     return out

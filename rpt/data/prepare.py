@@ -51,7 +51,17 @@ from rpt.utils import argument_error, write_json_atomic
 
 
 def _is_store_root(folder: Path) -> bool:
-    return (folder / "tokenizer.json").is_file() or (folder / "prepare.json").is_file()
+    """A store of an earlier rpt: its prepare.json, or a split whose manifest records a tokenizer hash."""
+    if (folder / "prepare.json").is_file():
+        return True
+    for split in SPLITS:
+        try:
+            tok = json.loads((folder / split / "manifest.json").read_text()).get("tokenizer")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(tok, dict) and tok.get("hash"):
+            return True
+    return False
 
 
 # What `rpt prepare` writes into a store folder (rpt.outputs); labels/ is `rpt label`'s default place inside it
@@ -187,8 +197,11 @@ def prepare(corpus: str | Corpus, tokenizer: str | Tokenizer, out: str | Path, *
     if missing:
         raise ValueError(f"corpus {corpus.spec!r} has no split(s) {', '.join(missing)} (it has {', '.join(corpus.splits)})")
     out = Path(out)
-    read = corpus_paths(corpus)  # the corpus is read, never written over
-    claim_folder(out, OWNER, arg="out", inputs={"corpus": read[0]} if read else {})
+    read = corpus_paths(corpus)  # the corpus and a tokenizer file are read, never written over
+    inputs: dict[str, Any] = {"corpus": read[0]} if read else {}
+    if isinstance(tokenizer, (str, Path)) and Path(tokenizer).exists():
+        inputs["tokenizer"] = tokenizer
+    claim_folder(out, OWNER, arg="out", inputs=inputs)
     with folder_lock(out, "built"):  # one `rpt prepare` per store: a second is refused while this one lives
         dropped = recover_swap(out)
         if out.exists() and not out.is_dir():

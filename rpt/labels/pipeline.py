@@ -270,8 +270,7 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
     }
     for done_path in dict.fromkeys((out, path)):  # the final folder, then this shard's
         if (done_path / "manifest.json").exists():
-            if overwrite:
-                shutil.rmtree(done_path)
+            if overwrite:  # replaced only when the new labels are complete (LabelWriter.publish): a failed run keeps them
                 continue
             old = LabelStore.open(done_path).manifest
             same = not _differing(old, config)

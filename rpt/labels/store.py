@@ -65,9 +65,10 @@ def parse_span(value: str | int | None) -> int | None:
 
 def _is_label_folder(folder: Path) -> bool:
     try:
-        return "format_version" in json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError, RecursionError, TypeError):
+        m = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError, RecursionError):
         return False
+    return isinstance(m, dict) and {"format_version", "kind", "k", "arrays", "doc_range"} <= m.keys()
 
 
 # What `rpt label` writes into a label folder (rpt.outputs): its arrays and manifest, and while running progress.json
@@ -308,6 +309,8 @@ class LabelWriter:
         """Write the manifest and rename the finished folder into place (replacing an older one)."""
         if not self.done:
             raise LabelError(f"{self.tmp}: documents {self.next_doc}..{self.doc_range[1] - 1} are not labelled yet")
+        if self.path.exists():  # an older label folder: checked to hold only labels while the new ones can still resume
+            claim_folder(self.path, OWNER, arg="out")
         n_scored, n_pos = self.stats.get("n_scored", 0), self.stats.get("n_positive", 0)
         full = {
             "format_version": FORMAT_VERSION,
@@ -331,8 +334,7 @@ class LabelWriter:
         with self._writing(self.tmp / "manifest.json"):
             _fsync_json(self.tmp / "manifest.json", full)
         mark_folder(self.tmp, OWNER)
-        if self.path.exists():  # an older label folder (checked to hold only labels), moved aside before it is deleted
-            claim_folder(self.path, OWNER, arg="out")
+        if self.path.exists():  # the older label folder (checked above), moved aside before it is deleted
             old = self.path.with_name(f".{self.path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(self.path, old)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import shutil
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -61,7 +61,14 @@ from rpt.utils import RPTWarning, UserError, argument_error
 
 
 def _is_run_folder(folder: Path) -> bool:
-    return (folder / "config.yaml").is_file() and ((folder / "checkpoints").is_dir() or (folder / "log.jsonl").is_file())
+    """A run of an earlier rpt: its config.yaml reads as an RPTConfig and it holds a checkpoint of ours, or nothing
+    but that config (a run stopped before its first checkpoint)."""
+    try:
+        RPTConfig.from_yaml(folder / "config.yaml", recorded=True)
+    except Exception:  # not ours (or not readable): the folder is someone else's
+        return False
+    return (any((p / "state.json").is_file() for p in (folder / "checkpoints").glob("step_*"))
+            or not (folder / "log.jsonl").exists())
 
 
 # What `rpt train` writes into a run folder (rpt.outputs), and what the verbs that read a run write beside it by
@@ -94,8 +101,9 @@ class _StopRequests:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
-        print(f"\nrpt train: {signal.Signals(signum).name}: stopping after this update with a checkpoint "
-              "(Ctrl-C again to stop at once, without one)", file=sys.stderr, flush=True)
+        note = (f"\nrpt train: {signal.Signals(signum).name}: stopping after this update with a checkpoint (Ctrl-C "
+                "again to stop at once, without one)\n")
+        os.write(2, note.encode())  # not print: the signal may land while the progress bar writes to stderr
 
     def __enter__(self) -> _StopRequests:
         if threading.current_thread() is threading.main_thread():
@@ -428,7 +436,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels,
                               prefix_len=tc.prefix_negatives if mcfg.has_retriever else 0)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
-    validation, val_every = _validation(store_root if store_root is not None else cfg.data.store, cfg)
+    validation, val_every = _validation(store_root if store_root is not None else cfg.data.store, cfg, info.world_size)
     if tc.wandb and info.is_main:
         from rpt.training.tracking import require_wandb
 
@@ -442,6 +450,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         raise ValueError(f"{last} was trained with another model config ({diff}); resume with the same model or "
                          "another out_dir")
     changes = settings_changed(cp.config, cfg) if cp is not None else []
+    cp_train = cp.config.train if cp is not None else tc
     refused = [c for c in changes if c.split(" ", 1)[0] not in RESUME_NAMED]
     if refused and not allow_changes:
         raise argument_error("out_dir", out_dir, f"resuming from {last.name} with settings other than the run's "
@@ -496,8 +505,12 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
 
     if info.is_main and start:
+        lr_note = ""
+        if changes:
+            was, now = learning_rate(start, cp_train), learning_rate(start, tc)
+            lr_note = f" (the learning rate at step {start}: {was:.3g} -> {now:.3g})" if abs(was - now) > 1e-12 else ""
         print(f"rpt train: resuming {out_dir} from step {start} of {tc.steps} ({last})"
-              + (f"; changed settings: {'; '.join(changes)}" if changes else ""), flush=True)
+              + (f"; changed settings: {'; '.join(changes)}{lr_note}" if changes else ""), flush=True)
     log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress, cfg if tc.wandb else None)
     if info.is_main:
         mark_folder(out_dir, OWNER)
@@ -528,6 +541,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     step = start
     checked_scores = False
     stop = _StopRequests()
+    interrupted = False
     try:
         stop.__enter__()
         while step < tc.steps:
@@ -620,7 +634,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     finally:
         stop.__exit__()
         log.close()
-    if stop.requested and step < tc.steps:
+    if interrupted and step < tc.steps:  # agreed by every rank: all of them stop, and say so
         path = ckpt_io.latest(out_dir)
         raise TrainingInterrupted(f"stopped at step {step} of {tc.steps}; checkpoint {path}: run the same command to "
                                   "resume")
@@ -678,11 +692,12 @@ def _init_source(init_from: str, store: Any) -> Path:
 # validation and the best checkpoint
 
 
-def _validation(store_root: str | Path, cfg: RPTConfig) -> tuple[SequenceDataset | None, int]:
+def _validation(store_root: str | Path, cfg: RPTConfig, world_size: int = 1) -> tuple[SequenceDataset | None, int]:
     """(the validation sequences, validate every this many updates), or (None, 0): train.val_every -1 validates at
-    every checkpoint when the store has a usable validation split, and quietly never when it has none."""
+    every checkpoint when the store has a usable validation split, and quietly never when it has none; under torchrun
+    (several processes) only when asked for with val_every > 0."""
     every = cfg.train.val_every
-    if every == 0:
+    if every == 0 or (every < 0 and world_size > 1):
         return None, 0
     if every > 0:
         return _validation_set(store_root, cfg), every

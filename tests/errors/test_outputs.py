@@ -386,3 +386,58 @@ def test_plots_rpt_wrote_are_recognised_and_a_users_png_is_not(tmp_path):
     outputs.claim_file(ours, "label")  # replaced when asked
     with pytest.raises(ValueError, match="not written by rpt"):
         outputs.claim_file(theirs, "label", arg="quality")
+
+
+def test_folders_that_only_look_like_an_output_are_not_taken_for_one(store, tmp_path, capsys):
+    other = tmp_path / "other-run"  # another tool's run folder: a config.yaml and a log.jsonl of its own
+    other.mkdir()
+    (other / "config.yaml").write_text("lr: 0.1\nmodel: resnet\n")
+    (other / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    tokenizers = tmp_path / "tokenizers"  # a folder of the user's holding a tokenizer.json
+    tokenizers.mkdir()
+    (tokenizers / "tokenizer.json").write_text('{"mine": true}')
+    before = snapshot(tmp_path)
+    refused(capsys, train_args(store, other, "--steps", "2"), "did not write")
+    refused(capsys, ["prepare", "--corpus", "stdlib:json", "--tokenizer", "bpe:300", "--out", tokenizers], "did not write")
+    assert snapshot(tmp_path) == before
+
+
+def test_only_a_first_line_marks_a_markdown_file_as_rpts(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# My notes\n\nA table:\n<!-- written by rpt (python -m lab compare) -->\n| a |\n")
+    assert outputs.written_by(readme) is None
+    ours = tmp_path / "t.md"
+    ours.write_text("<!-- written by rpt (python -m lab compare) -->\n| a |\n")
+    assert outputs.written_by(ours) is not None
+
+
+def test_overlapping_folder_links_read_every_file_once(tmp_path):
+    x = tmp_path / "X"
+    (x / "sub").mkdir(parents=True)
+    (x / "other").mkdir()
+    (x / "sub" / "f1.txt").write_text("one")
+    (x / "other" / "f2.txt").write_text("two")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a").symlink_to(x / "sub")
+    (root / "b").symlink_to(x)
+    texts = sorted(d.text for s in ("train", "validation", "test") for d in TextFolderCorpus(root).documents(s))
+    assert texts == ["one", "two"]
+
+
+def test_numpy_numbers_and_arrays_are_arguments_of_the_right_type(run):
+    import rpt
+
+    model = rpt.load(run)
+    ids = list(np.arange(1, 40) % 60)
+    out = rpt.evaluate(model, [np.asarray(ids * 4)], n_neighbors=np.int64(2))
+    assert out.n_tokens > 0
+    with pytest.raises(Exception) as e:  # past the type checks: this run has no tokenizer to encode text with
+        model.generate("a b", max_new_tokens=np.int64(2), top_p=np.float32(0.9))
+    assert not isinstance(e.value, TypeError) and "tokenizer" in str(e.value)
+
+
+def test_deeply_nested_yaml_is_one_line(tmp_path, capsys):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train: " + "[" * 3000 + "]" * 3000 + "\n")
+    refused(capsys, ["train", "--config", deep, "--print-config"], "nested too deeply")
