@@ -441,3 +441,26 @@ def test_deeply_nested_yaml_is_one_line(tmp_path, capsys):
     deep = tmp_path / "deep.yaml"
     deep.write_text("train: " + "[" * 3000 + "]" * 3000 + "\n")
     refused(capsys, ["train", "--config", deep, "--print-config"], "nested too deeply")
+
+
+def test_ctrl_c_during_label_leaves_nothing_taken_for_complete_and_says_how_to_resume(store, tmp_path, capsys,
+                                                                                     monkeypatch):
+    import rpt.labels.pipeline as pipeline
+
+    real, calls = pipeline.label_document, []
+
+    def interrupted_after_one(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "label_document", interrupted_after_one)
+    out = tmp_path / "labels"
+    assert main(["label", "--store", str(store), "--out", str(out), *LABEL]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "run the same command to resume" in err
+    assert not out.exists() and (tmp_path / ".labels.partial").is_dir()  # the done document waits aside
+    monkeypatch.setattr(pipeline, "label_document", real)
+    assert main(["label", "--store", str(store), "--out", str(out), *LABEL]) == 0  # resumes, then publishes
+    assert (out / "manifest.json").is_file() and not (tmp_path / ".labels.partial").exists()
