@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpt.config import BOOKKEEPING, VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths, with_former_defaults
+from lab.compat import with_former_defaults
+from rpt.config import BOOKKEEPING, VARIANTS, RPTConfig, effective_fields, flat_config, resolve_paths
 from rpt.eval.metrics import bucket_lo
 from rpt.utils import UserError
 

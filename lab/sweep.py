@@ -129,13 +129,17 @@ def _flat_config(cfg) -> dict[str, Any]:
 
 def _check_run(run: Path, cfg) -> None:
     """A run folder that exists was started with the config planned now (else it would resume another run)."""
+    import yaml
+
+    from lab.compat import with_former_defaults
     from rpt.config import RPTConfig, config_differences
 
     done = run / "config.yaml"
     if not done.is_file():
         return
     try:
-        old = _flat_config(RPTConfig.from_yaml(done.read_text(), recorded=True))
+        recorded = with_former_defaults(yaml.safe_load(done.read_text()))  # missing fields: the defaults of its time
+        old = _flat_config(RPTConfig.from_yaml(yaml.safe_dump(recorded)))
     except Exception as e:  # a config of an older version or a damaged file: say which
         raise UserError(f"{done}: cannot be read as a run config ({e}); move {run} away to train it again") from None
     new = _flat_config(cfg)

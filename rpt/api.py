@@ -422,7 +422,7 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
     leaves it (to print the config). `name`: how errors call the config argument (config, --config)."""
     import yaml
 
-    from rpt.config import PRESETS, ConfigError, RPTConfig, config_file, with_former_defaults
+    from rpt.config import PRESETS, ConfigError, RPTConfig, config_file
     from rpt.utils import load_yaml
 
     if isinstance(config, RPTConfig):
@@ -430,12 +430,10 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
     elif isinstance(config, str) and config in PRESETS:
         doc = {"preset": config}
     else:
-        path, recorded = config_file(config, name)
+        path, _ = config_file(config, name)
         doc = load_yaml(path.read_text(), f"{name} {path}", ConfigError) or {}
         if not isinstance(doc, dict):
             raise ConfigError(f"{name} {path} is not a YAML mapping")
-        if recorded:  # another run's config: its missing fields take the defaults of its time
-            doc = with_former_defaults(doc)
     for key, value in values.items():
         section, _, field = key.partition(".")
         doc.setdefault(section, {})[field] = value

@@ -401,7 +401,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
         rng=_torch_load(path / "rng.pt"),
         data=state["data"],
         metrics=state.get("metrics", {}),
-        config=RPTConfig.from_yaml(path / "config.yaml", recorded=True),
+        config=RPTConfig.from_yaml(path / "config.yaml"),
     )
 
 
@@ -443,7 +443,7 @@ def missing_checkpoint(path: str | Path) -> str:
 def checkpoint_config(folder: Path) -> RPTConfig:
     for cand in (folder / "config.yaml", folder.parent.parent / "config.yaml"):
         if cand.is_file():
-            return RPTConfig.from_yaml(cand, recorded=True)
+            return RPTConfig.from_yaml(cand)
     raise UserError(f"checkpoint {folder} has no config.yaml")
 
 

@@ -24,9 +24,6 @@ VARIANTS = ("xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent"
 Variant = Literal["xl", "retro", "rpt-lex", "rpt-sem", "memorizing", "block-recurrent", "griffin"]
 RETRIEVING = ("retro", "rpt-lex", "rpt-sem")  # the variants with chunked cross-attention (the rest read no neighbours)
 QK_MATCH_GAP = 2.56  # nats an identical state scores above an orthogonal one under the copy prior (ModelConfig.qk_match_std)
-# Fields whose default changed. A config that rpt recorded for a run (a run folder's or checkpoint's config.yaml, an
-# eval result) before such a field existed ran with its former default, not today's: read with `recorded=True`.
-FORMER_DEFAULTS = {"model.cca_qk_init": "random", "model.cca_ov_init": "random", "model.cca_qk_match_std": 0.1}
 RPT_VARIANTS = ("xl", *RETRIEVING)  # the variants of the one RPT class (rpt.model.rpt); the rest are the baselines
 
 
@@ -75,7 +72,9 @@ class ModelConfig:
     cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
     cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16: head 0 one-hot (docs/results/copy-test.md)
     cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
-    # The copy prior (docs/results/code.md#the-copy-prior: with it every seed reads its code neighbours):
+    # The copy prior: CCA starts out able to find and copy a neighbour token like its own, so it reads neighbours that
+    # share tokens with the query at arbitrary offsets (code) without first discovering that circuit
+    # (docs/results/code.md#the-copy-prior):
     # CCA's query and key projections: one shared draw of std qk_match_std, so that a query token starts out
     # attending to neighbour tokens whose (normalised) states resemble its own ("find my token") | independent draws
     cca_qk_init: Literal["random", "match"] = "match"
@@ -313,9 +312,8 @@ class RPTConfig:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | Path, recorded: bool = False) -> RPTConfig:
-        """A YAML file, or YAML text (anything with a newline). `recorded`: a config rpt wrote for a run, whose
-        missing fields predate it and take their former defaults (FORMER_DEFAULTS) where those differ from today's."""
+    def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
+        """A YAML file, or YAML text (anything with a newline); a `preset:` key starts from that preset."""
         is_text = isinstance(path_or_text, str) and "\n" in path_or_text
         if not is_text and not Path(path_or_text).is_file():
             raise ConfigError(f"config file {path_or_text} not found")
@@ -327,7 +325,6 @@ class RPTConfig:
         if base is not None and base not in PRESETS:
             raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
         cfg_dict = PRESETS[base]() if base else {}
-        data = with_former_defaults(data) if recorded else with_current_names(data)  # the former renames too
         cfg = from_dict(RPTConfig, _merge(cfg_dict, data))
         cfg.validate()
         return cfg
@@ -454,34 +451,6 @@ def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The keys in which two flat configs differ, each as "key old -> new", sorted."""
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-
-
-# fields under another name in configs written by earlier versions of rpt: old dotted key -> current one
-RENAMED = {"train.neighbour_lr_scale": "train.neighbor_lr_scale"}
-
-
-def with_current_names(config: dict[str, Any]) -> dict[str, Any]:
-    """A config (nested dict) with each field of RENAMED under its current name (both given: an error)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
-    for old, new in RENAMED.items():
-        (section, name), (_, current) = old.split("."), new.split(".")
-        part = out.get(section)
-        if isinstance(part, dict) and name in part:
-            if current in part:
-                raise ConfigError(f"{old} and {new} are one field (its former and current name): give {new} only")
-            part[current] = part.pop(name)
-    return out
-
-
-def with_former_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config (nested dict) with each field of FORMER_DEFAULTS it lacks set to that former default, and
-    each renamed field under its current name."""
-    out = with_current_names(config)
-    for key, value in FORMER_DEFAULTS.items():
-        section, name = key.split(".")
-        if isinstance(out.get(section), dict):
-            out[section].setdefault(name, value)
-    return out
 
 
 T = TypeVar("T")

@@ -60,22 +60,24 @@ def test_variants_without_cca_do_not_check_cca_layers():
 
 
 def test_a_recorded_config_missing_a_field_whose_default_changed_gets_the_former_default(tmp_path):
-    """A run folder written before the copy prior's fields existed ran with the random init: read as recorded, it
-    says so (checkpoint loading, resume and the sweep's check read it that way); a config a user writes gets today's
-    default. A field the recorded config does have is kept."""
+    """The library reads a config as written, today's defaults for what it lacks (a missing init field changes no
+    trained weight); the lab, reading results recorded before the copy prior's fields existed (lab.compat), gives them
+    the random init they ran with. A field the recorded config does have is kept."""
+    from lab.compat import with_former_defaults
+
     cfg = RPTConfig.from_preset("tiny", variant="retro")
     d = cfg.to_dict()
     for key in ("cca_qk_init", "cca_ov_init", "cca_qk_match_std"):
         del d["model"][key]
     old = yaml.safe_dump(d)
     assert (RPTConfig.from_yaml(old).model.cca_qk_init, RPTConfig.from_yaml(old).model.cca_ov_init) == ("match", "identity")
-    rec = RPTConfig.from_yaml(old, recorded=True).model
+    rec = RPTConfig.from_yaml(yaml.safe_dump(with_former_defaults(d))).model
     assert (rec.cca_qk_init, rec.cca_ov_init, rec.cca_qk_match_std) == ("random", "random", 0.1)
     d["model"]["cca_qk_init"] = "match"  # written after cca_qk_init existed, before cca_ov_init did
-    rec = RPTConfig.from_yaml(yaml.safe_dump(d), recorded=True).model
+    rec = RPTConfig.from_yaml(yaml.safe_dump(with_former_defaults(d))).model
     assert (rec.cca_qk_init, rec.cca_ov_init) == ("match", "random")
     (tmp_path / "config.yaml").write_text(old)
-    assert checkpoint_config(tmp_path).model.cca_qk_init == "random"
+    assert checkpoint_config(tmp_path).model.cca_qk_init == "match"
     with pytest.raises(ConfigError, match="cca_qk_match_std"):
         RPTConfig.from_preset("tiny", variant="retro", cca_qk_match_std=-1.0)
 

@@ -64,7 +64,7 @@ def _is_run_folder(folder: Path) -> bool:
     """A run of an earlier rpt: its config.yaml reads as an RPTConfig and it holds a checkpoint of ours, or nothing
     but that config (a run stopped before its first checkpoint)."""
     try:
-        RPTConfig.from_yaml(folder / "config.yaml", recorded=True)
+        RPTConfig.from_yaml(folder / "config.yaml")
     except Exception:  # not ours (or not readable): the folder is someone else's
         return False
     return (any((p / "state.json").is_file() for p in (folder / "checkpoints").glob("step_*"))
@@ -322,9 +322,8 @@ def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str
 def hold_gate(model: nn.Module) -> None:
     """Drop the neighbour gate's gradients, so the optimiser leaves its parameters (and their moments) as they are
     (train.gate_hold_steps). Why: early in training CCA cannot yet read its neighbours, so closing every gate lowers
-    the loss; a closed gate then scales CCA's values, and with them the signal CCA learns from, by eta
-    (docs/results/code.md#the-copy-prior: on code two of three seeds closed their gates to eta in 200-400 updates and never read
-    their neighbours)."""
+    the loss; a closed gate then scales CCA's values, and with them the signal CCA learns from, by eta, and a run whose
+    gates close to eta in its first few hundred updates may never read its neighbours (on code, docs/results/code.md)."""
     for name, p in model.named_parameters():
         if bare_name(name)[:1] == ["gate"]:
             p.grad = None
