@@ -35,9 +35,8 @@ chunk boundaries inside words, as in real text. Passage lengths and distances st
 measured on the corpus size the documents and the far distance.
 
 The far corpus repeats every passage from the first far-enough one on by default (`far_p` = 1; the corpus default is
-0.5): at 0.5 only 15% of the tokens can be copied through retrieval and, in our probes, CCA stayed on the ln(V) plateau
-for 200 updates even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it left it after ~90
-updates (docs/results/copy-test.md).
+0.5): at 0.5 only 15% of the tokens can be copied through retrieval and CCA stays on the ln(V) plateau for 200 updates
+even when handed the true source wherever c_q retrieval can find it; at 1.0 (31%) it leaves it after ~90 updates.
 """
 
 from __future__ import annotations

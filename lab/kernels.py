@@ -2,9 +2,9 @@
 
 PyTorch picks a fused kernel (flash, memory-efficient, cuDNN; on a CPU its own flash kernel) only when the inputs
 allow it — a mask, attention dropout, a head size, a dtype or a stride can send a call to the unfused "math" path,
-which materialises the [Tq, Tk] score matrix and is slower and bigger at long lengths. Nothing warns. Seen on this
-project's CPU build (docs/results/speed.md#attention-kernels): attention dropout > 0 (every preset but tiny trains with 0.05) and
-a mask that requires grad (CCA's learned relative bias) both take the math path.
+which materialises the [Tq, Tk] score matrix and is slower and bigger at long lengths. Nothing warns. On a CPU build
+attention dropout > 0 (every preset but tiny trains with 0.05) and a mask that requires grad (CCA's learned relative
+bias) both take the math path (docs/results/speed.md#attention-kernels).
 
 `probe_sdpa` runs a forward pass under the profiler with every SDPA call wrapped in a label naming its call site
 (file and function), then reads which aten kernel ran beneath each label. The result is one row per call site: the

@@ -4,7 +4,7 @@ The backbone's decoder layers are run here, not through their own `forward`, so 
 sliding segment window (§3.4: a token of segment s sees segment s - 1 and, causally, its own) and continue a
 `KVCache` segment by segment, exactly as RPT's own layers do. Only the weights are the backbone's: the function
 of one layer (pre-norm attention with grouped key/value heads and rotary positions, then the pre-norm MLP) is the
-Llama family's, checked against the backbone's own forward in tests/model/test_retrofit.py.
+Llama family's, checked against the backbone's own forward in tests/retrofit/test_retrofit_model.py.
 
 Supported: the Llama family and its look-alikes (`SUPPORTED`: Llama, Mistral, Qwen2 with its q/k/v biases, ...);
 anything else is refused with its model type named, never run wrongly.

@@ -8,8 +8,8 @@ Positions (rotary, as RETRO's relative positions and the authors' code): a neigh
 positions 0 ... 2M-1, and the query token at offset u of its block (token p = gM + M - 1 + u) takes position M - 1 + u,
 i.e. where its own copy would stand if the neighbour's first chunk c_j matched the query chunk c_g. "Read the key one
 position ahead" is then "read the token after my copy": a fixed relative offset that one head can learn, where
-content-only attention would have to discover an induction circuit first (we measured position-free CCA learning no
-copying at all; docs/results/copy-test.md). Positions depend only on the offset inside the block, so training and generation
+content-only attention would have to discover an induction circuit first (position-free CCA learns no copying at all on
+the copy corpus). Positions depend only on the offset inside the block, so training and generation
 agree by construction (the authors' code is off by 63 at generation).
 
 Neighbour gates scale the VALUES of a neighbour's keys (`NeighborKV.scale`), not its states: scaling the states
@@ -71,12 +71,12 @@ def rel_bias_prior(n_heads: int, M: int, kind: str, scale: float = 1.0) -> torch
     2^(-8 (h+1) / H) (Press et al., 2022), so each head starts out reading near the aligned position, from sharply
     (slope 2^(-8/H)) to almost uniformly (2^-8). `scale` multiplies every slope: with 16 (the default,
     `cca_rel_bias_scale`) and H = 4 the slopes are 4, 1, 1/4, 1/16 — head 0 starts out reading the aligned token
-    alone, so CCA copies from the first updates where its neighbour holds the source (on the copy probe, the ln(V)
-    plateau fell from ~100-150 updates to <= 50, three seeds; docs/results/copy-test.md).
+    alone, so CCA copies from the first updates where its neighbour holds the source (on the copy corpus the ln(V)
+    plateau lasts <= 50 updates at scale 16 against 100-150 at scale 1; docs/results/copy-test.md).
 
     Why a prior: with a flat start, CCA's attention spreads over all K * 2M neighbour tokens, the right one carries
     1/(2KM) of the output, and the value/output path that would have to learn to carry a token's identity gets no
-    usable signal; on the copy corpus the model sits on the ln(V) plateau for hundreds of updates (docs/results/copy-test.md).
+    usable signal, and on the copy corpus the model sits on the ln(V) plateau for hundreds of updates.
     """
     if kind == "zero":
         return torch.zeros(n_heads, 3 * M - 1)

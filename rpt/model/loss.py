@@ -112,7 +112,7 @@ def lm_loss_chunked(hidden: torch.Tensor, weight: torch.Tensor, input_ids: torch
     """`lm_loss(hidden @ weight.T, input_ids, loss_mask)` without ever materialising the [B, T, V] logits.
 
     hidden [B, T, D] final (normalised) states, weight [V, D] the output projection; `chunk` target tokens at a time.
-    Equal to `lm_loss` on the full logits up to float rounding (tests/train/test_losses.py).
+    Equal to `lm_loss` on the full logits up to float rounding (tests/train/test_train_losses.py).
     """
     B, T, D = hidden.shape
     h = hidden[:, :-1].reshape(-1, D)

@@ -13,7 +13,7 @@ serve all of them without asking which one they hold:
     model.new_cache(memory=None) -> cache             a fresh cache for one batch of documents
     model.step(input_ids [B, n], cache, **retrieval) -> RPTOutput
                                                      continue the documents of `cache` by n >= 1 tokens; must compute
-                                                     what `forward` computes (tests/model/test_baselines.py)
+                                                     what `forward` computes (tests/model/model_contract.py)
     cache.memory_bytes() / cache.window_bytes()       what the cache holds beyond the sliding window (the document
                                                      memory, a recurrent state) and the window's K/V
     model.num_parameters()
