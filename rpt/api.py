@@ -430,7 +430,7 @@ def build_train_config(config: str | Path | RPTConfig, values: dict[str, Any], n
     elif isinstance(config, str) and config in PRESETS:
         doc = {"preset": config}
     else:
-        path, _ = config_file(config, name)
+        path = config_file(config, name)
         doc = load_yaml(path.read_text(), f"{name} {path}", ConfigError) or {}
         if not isinstance(doc, dict):
             raise ConfigError(f"{name} {path} is not a YAML mapping")

@@ -335,29 +335,27 @@ def shipped_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in SIZE_NAMES)
 
 
-def config_file(ref: str | Path, name: str = "config") -> tuple[Path, bool]:
-    """The YAML file a config reference names, and whether rpt recorded it for a run: a YAML file, a run folder or a
-    checkpoint folder (its config.yaml, recorded), or the name of a shipped config (`shipped_configs()`). `name` is
-    how the caller's argument is called in the error."""
+def config_file(ref: str | Path, name: str = "config") -> Path:
+    """The YAML file a config reference names: a YAML file, a run folder or a checkpoint folder (its config.yaml), or
+    the name of a shipped config (`shipped_configs()`). `name` is how the caller's argument is called in the error."""
     path = Path(ref)
     if path.is_file():
-        return path, False
+        return path
     if path.is_dir():
         for cand in (path / "config.yaml", path.parent.parent / "config.yaml"):  # a run, or one of its checkpoints
             if cand.is_file():
-                return cand, True
+                return cand
         raise ConfigError(f"{name} {ref}: a folder without config.yaml (expected a run or checkpoint folder)")
     shipped = CONFIG_DIR / f"{ref}.yaml"
     if "/" not in str(ref) and shipped.is_file() and str(ref) not in SIZE_NAMES:
-        return shipped, False
+        return shipped
     raise ConfigError(f"{name} {ref}: no such file or folder, nor a shipped config (shipped: "
                       f"{', '.join(shipped_configs())})")
 
 
 def load_config(ref: str | Path, name: str = "config") -> RPTConfig:
     """The validated RPTConfig of a config reference (see `config_file`)."""
-    path, recorded = config_file(ref, name)
-    return RPTConfig.from_yaml(path, recorded=recorded)
+    return RPTConfig.from_yaml(config_file(ref, name))
 
 
 def check_ranges(cfg: RPTConfig) -> None:
