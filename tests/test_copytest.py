@@ -109,6 +109,7 @@ def test_seed_lists_are_checked_by_demo_and_copytest(tmp_path, capsys):
             assert "--seeds" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_scores_unaligned_hits(tmp_path):
     s = CopyTestSettings(out=tmp_path / "ct", steps=2, near_steps=2, warmup=1, batch_size=2, eval_docs=2, progress=False,
                          variants=("retro", "rpt-sem"), seq_len=1024, segment_len=64, passage=96, passage_max=160,
@@ -132,6 +133,7 @@ def test_the_unaligned_copy_test_sizes_its_corpus_from_the_passage_range_and_sco
     assert summary["path"].endswith("copytest-1024x64-passage96-160-2steps-scorer=induction.json")
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_the_text_copy_test_trains_one_bpe_for_both_corpora_and_sizes_them_in_tokens(tmp_path):
     from lab.copytest import passage_tokens, text_tokenizer
     from rpt.training.data import open_store

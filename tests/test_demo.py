@@ -75,6 +75,7 @@ def test_demo_refuses_a_variant_without_retrieval(tmp_path, capsys):
     assert "--variants 'xl'" in capsys.readouterr().err and not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
     store = tmp_path / "store"
     corpus = "synthetic:copy-far?docs=3&eval_docs=2&passages=32&passage=64&distance=2-4"  # 12 spans of 512 tokens

@@ -9,6 +9,7 @@ import pytest
 from lab.cli import main
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch, benchmark_script):
     out = tmp_path / "m.json"
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

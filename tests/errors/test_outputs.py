@@ -230,6 +230,7 @@ def test_sigint_during_training_writes_a_checkpoint(store, tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_sigint_to_rpt_train_exits_130_with_a_checkpoint(store, tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "rpt.cli", *train_args(store, out, "--steps", "100000",
@@ -297,6 +298,7 @@ def test_a_folder_corpus_reads_each_real_folder_once(tmp_path):
     assert len(docs) == 6
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_a_closed_stdout_ends_quietly(tmp_path):
     cmd = f"{sys.executable} -m rpt.cli train --preset tiny --print-config | head -c 10 > /dev/null"
     res = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True, text=True, timeout=120)
@@ -439,7 +441,7 @@ def test_numpy_numbers_and_arrays_are_arguments_of_the_right_type(run):
 
 def test_deeply_nested_yaml_is_one_line(tmp_path, capsys):
     deep = tmp_path / "deep.yaml"
-    deep.write_text("train: " + "[" * 3000 + "]" * 3000 + "\n")
+    deep.write_text("train: " + "[" * 800 + "]" * 800 + "\n")  # deeper than the parser recurses
     refused(capsys, ["train", "--config", deep, "--print-config"], "nested too deeply")
 
 

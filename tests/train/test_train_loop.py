@@ -271,6 +271,7 @@ def test_the_chunked_lm_loss_trains_like_the_full_logits(corpus):
     assert max(diff.values()) < 1e-3, diff
 
 
+@pytest.mark.slow  # seconds to tens of seconds: -m slow runs it
 def test_compiled_training_matches_eager_and_writes_the_same_checkpoint_keys(corpus, monkeypatch):
     """train.compile=true: the model is compiled in place; losses and weights follow the eager run, and the checkpoint
     has the eager model's keys (it loads into an uncompiled model). Here dynamo captures the model's graphs and runs
