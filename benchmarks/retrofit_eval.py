@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rpt.checkpoint import checkpoint_config, resolve_checkpoint
     from rpt.cli import main as rpt
     from rpt.eval.perplexity import environment
-    from rpt.outputs import Owner, claim_file, claim_folder, mark_folder, write_json
+    from rpt.outputs import Owner, claim_file, claim_folder, mark_folder
+    from rpt.utils import write_json_atomic
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "k": a.neighbors, "query_fraction": a.query_fraction, "label_seconds": label_s,
               "seconds": time.perf_counter() - t0, "rows": rows, "backbone_rows": back,
               "retrieval": retrieval, "retrieval_gold": runs[0].get("retrieval_gold"), "checkpoints": runs}
-    write_json(out, result, verb="eval")
+    write_json_atomic(out, result, verb="eval")
     print(table(result))
     print(f"result: {out}")
     return result

@@ -12,7 +12,8 @@ module first, so that nothing a user gave is ever replaced or deleted:
   names the verb never writes) is refused, ``--force`` or not; ``--force`` replaces only an output of the same verb.
 - **A file is replaced only when rpt wrote it** (`written_by`): result JSON carries ``"written_by": "rpt <verb>"``,
   HTML a generator meta tag, PNG plots a ``Software`` text chunk. Results are written to a temporary sibling and
-  renamed into place (`write_json`, `write_text`), so a killed command leaves the old file or the new one.
+  renamed into place (`rpt.utils.write_json_atomic`, `write_text_atomic`), so a killed command leaves the old file or
+  the new one.
 
 Folders written before the mark existed are recognised by the verb's own signature (e.g. a run folder's
 config.yaml and checkpoints/) and by their entries, all of which must be names the verb writes.
@@ -48,10 +49,6 @@ class Owner:
 
     def owns(self, name: str) -> bool:
         return name == MARK or any(fnmatch.fnmatchcase(name, p) for p in self.entries)
-
-
-def _show(path: Path | str) -> str:
-    return str(path)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -170,7 +167,7 @@ def mark_folder(folder: str | Path, owner: Owner) -> None:
     if read_mark(folder) is None:
         from rpt.version import __version__
 
-        write_json(folder / MARK, {"verb": owner.verb, "rpt": __version__}, verb=owner.verb)
+        write_json_atomic(folder / MARK, {"verb": owner.verb, "rpt": __version__}, verb=owner.verb)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -205,7 +202,7 @@ def written_by(path: str | Path) -> str | None:
             return "rpt eval"  # a result of a version that did not sign its files
         return None
     first = text.split("\n", 1)[0]
-    if first.startswith("<!-- written by rpt"):  # markdown: the first line, as `write_text` callers put it
+    if first.startswith("<!-- written by rpt"):  # markdown: the first line, as `lab compare --markdown` writes it
         return first[len("<!-- written by "):].split(" -->")[0]
     head = text.split("</head>", 1)[0] if text.startswith("<!DOCTYPE html>") else ""
     tag = '<meta name="generator" content="'
@@ -224,22 +221,3 @@ def claim_file(path: str | Path, verb: str, *, arg: str = "out", inputs: Mapping
         raise argument_error(arg, path, f"exists and was not written by rpt: `rpt {verb}` replaces only its own "
                              "files; choose another path or move it away", ValueError)
     return path
-
-
-def write_text(path: str | Path, text: str) -> Path:
-    """Write `text` to a temporary sibling of `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def write_json(path: str | Path, obj: Any, verb: str | None = None) -> Path:
-    """Strict JSON written atomically (`rpt.utils.write_json_atomic`); `verb` marks a dict as written by that verb."""
-    write_json_atomic(path, obj, verb)
-    return Path(path)

@@ -209,19 +209,26 @@ def dumps(obj: Any, indent: int | None = 2) -> str:
     return json.dumps(strict(obj), indent=indent, allow_nan=False)
 
 
-def write_json_atomic(path: str | Path, obj: Any, verb: str | None = None) -> None:
-    """Strict JSON (`dumps`) written to a temporary sibling, then renamed into place; `verb` adds
-    ``"written_by": "rpt <verb>"`` to a dict, so that a later run may replace the file (rpt.outputs.claim_file)."""
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to a temporary sibling of `path` (its folder created), then rename it into place: a reader, or a
+    command killed meanwhile, sees the old file or the new one, never half of one."""
     path = Path(path)
-    if verb is not None and isinstance(obj, dict) and "written_by" not in obj:
-        obj = {"written_by": f"rpt {verb}", **obj}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(dumps(obj) + "\n")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_json_atomic(path: str | Path, obj: Any, verb: str | None = None) -> None:
+    """Strict JSON (`dumps`) written atomically (`write_text_atomic`); `verb` adds ``"written_by": "rpt <verb>"`` to
+    a dict, so that a later run may replace the file (rpt.outputs.claim_file)."""
+    if verb is not None and isinstance(obj, dict) and "written_by" not in obj:
+        obj = {"written_by": f"rpt {verb}", **obj}
+    write_text_atomic(path, dumps(obj) + "\n")
 
 
 def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:

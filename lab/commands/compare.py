@@ -32,8 +32,8 @@ def _step(text: str) -> int | str:
 
 def run(args: argparse.Namespace) -> int:
     from lab.compare import compare, load_results, to_markdown
-    from rpt.outputs import claim_file, write_text
-    from rpt.utils import write_json_atomic
+    from rpt.outputs import claim_file
+    from rpt.utils import write_json_atomic, write_text_atomic
 
     for arg in ("out", "markdown"):  # before any work: never over a file of the user's, nor a result being read
         if getattr(args, arg):
@@ -44,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_json_atomic(args.out, table, "compare")
     if args.markdown:
-        write_text(args.markdown, "<!-- written by rpt (python -m lab compare) -->\n" + text + "\n")
+        write_text_atomic(args.markdown, "<!-- written by rpt (python -m lab compare) -->\n" + text + "\n")
     return 0

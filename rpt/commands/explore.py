@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from rpt.outputs import claim_file, write_text
+    from rpt.outputs import claim_file
+    from rpt.utils import write_text_atomic
 
     claim_file(args.out, "explore", inputs={"checkpoint": args.checkpoint})  # before any work
     from rpt.api import load_model
@@ -164,6 +165,6 @@ def run(args: argparse.Namespace) -> int:
                            n_neighbors=args.neighbors, chunks=chunks, compare=compare,
                            memory=memory_factory(args.memory, device))
     page = render_html(exp, tok, title=f"RPT retrieval explorer — {meta['document']}", meta=meta)
-    out = write_text(args.out, page)
+    out = write_text_atomic(args.out, page)
     print(f"wrote {out} ({len(exp.queries)} query chunks, {len(page) / 1e6:.1f} MB)")
     return 0

@@ -268,6 +268,16 @@ class HFScorer:
 # Dimension letters: B rows, G groups (distinct prefixes), P prefix tokens, L suffix tokens, H heads, E head dim, D width.
 
 
+def _right_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows right-padded to the longest: (ids [N, L] long, real-token mask [N, L] bool) on `device`."""
+    L = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    keep = torch.zeros(len(rows), L, dtype=torch.bool)
+    for n, r in enumerate(rows):
+        ids[n, : len(r)], keep[n, : len(r)] = torch.tensor(r, dtype=torch.long), True
+    return ids.to(device), keep.to(device)
+
+
 class SharedPrefixScorer(HFScorer):
     """`HFScorer` with each context's leading chunk pair computed once and shared (module docstring)."""
 
@@ -339,12 +349,8 @@ class SharedPrefixScorer(HFScorer):
         dev, emb = self.device, self.model.model.embed_tokens
         # the distinct prefixes of this batch (BOS + pair), right-padded: [G, P]
         prefixes = [list(self.prefix) + list(key) for key, _ in batch]
-        P = max(len(p) for p in prefixes)
-        pid = torch.full((len(batch), P), self.pad_id, dtype=torch.long)
-        pkeep = torch.zeros(len(batch), P, dtype=torch.bool)
-        for g, p in enumerate(prefixes):
-            pid[g, : len(p)], pkeep[g, : len(p)] = torch.tensor(p, dtype=torch.long), True
-        pid, pkeep = pid.to(dev), pkeep.to(dev)
+        pid, pkeep = _right_padded(prefixes, self.pad_id, dev)
+        P = pid.shape[1]
         pos = torch.arange(P, device=dev).expand(len(batch), P)
         if P:
             _, pkv = self._layers(emb(pid).to(self.dtype), pos, pkeep, None)
@@ -352,12 +358,8 @@ class SharedPrefixScorer(HFScorer):
         # each pair's rest: context after the prefix + target, right-padded [B, L]
         members = [(g, n) for g, (_, ns) in enumerate(batch) for n in ns]
         rests = [list(contexts[n][len(batch[g][0]) :]) + list(targets[n]) for g, n in members]
-        L = max(len(r) for r in rests)
-        rid = torch.full((len(members), L), self.pad_id, dtype=torch.long)
-        rkeep = torch.zeros(len(members), L, dtype=torch.bool)
-        for r, rest in enumerate(rests):
-            rid[r, : len(rest)], rkeep[r, : len(rest)] = torch.tensor(rest, dtype=torch.long), True
-        rid, rkeep = rid.to(dev), rkeep.to(dev)
+        rid, rkeep = _right_padded(rests, self.pad_id, dev)
+        L = rid.shape[1]
         gidx = torch.tensor([g for g, _ in members], device=dev)
         plen = pkeep.sum(1)[gidx]  # [B] real prefix tokens of each row
         rpos = plen[:, None] + torch.arange(L, device=dev)[None]

@@ -26,14 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rpt.chunks import chunks_per_segment
 from rpt.config import RPT_VARIANTS, ModelConfig, RPTConfig
 from rpt.model.backbone import BackboneAttention, SinkCache, check_supported, describe, load_backbone, rotary
 from rpt.model.cca import ChunkedCrossAttention, NeighborKV
 from rpt.model.decoder import draw_seed
 from rpt.model.layers import KVCache, RMSNorm, init_weights, set_attention_dropout
-from rpt.model.neighbors import NeighborGate, QueryAugmentation
-from rpt.model.retriever import ChunkEncoder, Retriever
 from rpt.model.rpt import RPT
 
 
@@ -106,13 +103,7 @@ class RetrofitRPT(RPT):
         retrieval = cfg.uses_retrieval
         self.layers = nn.ModuleList(RetrofitLayer(layer, shape, cfg, retrieval and i in cfg.cca_layers)
                                     for i, layer in enumerate(inner.layers))
-        D, M = cfg.d_model, cfg.chunk_size
-        self.encoder = ChunkEncoder(D, cfg.n_heads, M, cfg.rope_base, cfg.norm_eps, cfg.dropout) if cfg.has_retriever else None
-        self.retriever = Retriever(D, cfg.norm_eps) if cfg.has_retriever else None
-        self.query_aug = (QueryAugmentation(D, cfg.n_heads, cfg.rope_base, cfg.norm_eps, cfg.dropout)
-                          if retrieval and cfg.query_augmentation else None)
-        self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
-                                  cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
+        self._build_retrieval(cfg)
         self._backbone_ids = {id(t) for t in (*hf.parameters(), *hf.buffers())}
         bos = getattr(hf.config, "bos_token_id", None)
         if bos is not None:

@@ -117,7 +117,7 @@ class RPT(TiedLM, nn.Module):
         cfg.validate()
         seed = draw_seed(seed)
         self.cfg = cfg
-        D, M = cfg.d_model, cfg.chunk_size
+        D = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, D)
         self.drop = nn.Dropout(cfg.dropout)
         retrieval = cfg.uses_retrieval
@@ -125,16 +125,22 @@ class RPT(TiedLM, nn.Module):
             DecoderLayer(cfg, with_cca=retrieval and i in cfg.cca_layers) for i in range(cfg.n_layers)
         )
         self.norm = RMSNorm(D, cfg.norm_eps)
+        self._build_retrieval(cfg)
+        init_weights(self, cfg.init_std, cfg.n_layers, seed)
+        set_attention_dropout(self, cfg.attn_dropout)
+        if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
+            self._cca_copy_prior(seed)
+
+    def _build_retrieval(self, cfg: ModelConfig) -> None:
+        """The retrieval parts (§3.1): the chunk encoder and retriever (rpt-lex, rpt-sem), the query augmentation and
+        the neighbour gate (every retrieving variant); None where the variant has none."""
+        D, M, retrieval = cfg.d_model, cfg.chunk_size, cfg.uses_retrieval
         self.encoder = ChunkEncoder(D, cfg.n_heads, M, cfg.rope_base, cfg.norm_eps, cfg.dropout) if cfg.has_retriever else None
         self.retriever = Retriever(D, cfg.norm_eps) if cfg.has_retriever else None
         self.query_aug = (QueryAugmentation(D, cfg.n_heads, cfg.rope_base, cfg.norm_eps, cfg.dropout)
                           if retrieval and cfg.query_augmentation else None)
         self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
                                   cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
-        init_weights(self, cfg.init_std, cfg.n_layers, seed)
-        set_attention_dropout(self, cfg.attn_dropout)
-        if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
-            self._cca_copy_prior(seed)
 
     def _cca_copy_prior(self, seed: int) -> None:
         """The copy prior on CCA's projections (docs/results/code.md#the-copy-prior), each half an option:

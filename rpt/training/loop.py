@@ -41,7 +41,7 @@ from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fie
 from rpt.data.store import StoreError
 from rpt.locks import folder_lock
 from rpt.model.registry import spec
-from rpt.outputs import Owner, claim_folder, mark_folder, write_text
+from rpt.outputs import Owner, claim_folder, mark_folder
 from rpt.training import distributed as D
 from rpt.training.data import Batch, BatchStream, SequenceDataset, check_labels, open_labels, open_store
 from rpt.training.footprint import check_fits
@@ -57,7 +57,7 @@ from rpt.training.losses import (
 )
 from rpt.training.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.training.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
-from rpt.utils import RPTWarning, UserError, argument_error
+from rpt.utils import RPTWarning, UserError, argument_error, write_text_atomic
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -662,11 +662,11 @@ def _write_config(out_dir: Path, cfg: RPTConfig, start: int, changes: list[str])
         history = []
     if changes:
         history.append({"from_step": start, "changed": changes})
-        write_text(history_path, json.dumps(history, indent=1) + "\n")
+        write_text_atomic(history_path, json.dumps(history, indent=1) + "\n")
     header = "".join(f"# from step {h['from_step']}: {'; '.join(h['changed'])} (recorded -> used from then on)\n"
                      for h in history)
     body = cfg.to_yaml()
-    write_text(out_dir / "config.yaml", (f"# settings changed while the run was resumed:\n{header}" if header else "")
+    write_text_atomic(out_dir / "config.yaml", (f"# settings changed while the run was resumed:\n{header}" if header else "")
                + body)
 
 
