@@ -152,6 +152,7 @@ class StepInputs:
     relevance: torch.Tensor | None = None  # [B, C, C] target relevance per (query chunk, chunk), -inf = not a candidate
     positive: torch.Tensor | None = None  # [B, C, C] bool, the gold set
     retrievable: torch.Tensor | None = None  # [C, C] bool ([B, C, Cp + C] with prefix negatives)
+    best: torch.Tensor | None = None  # [B, C, C] bool, the gold's K best by relevance (the neighbours it would supply)
 
 
 def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: torch.device) -> StepInputs:
@@ -178,7 +179,10 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
     else:
         rel, pos = relevance_from_candidates(cands, batch.bm25, C)
     keys = [sampling_key(seed, int(p)) for p in batch.position.tolist()] if batch.position is not None else list(range(B))
-    kwargs = {"neighbor_ids": gold_neighbors(rel, pos, K), "use_supplied": sample_gold_mask(keys, C, p_ss, device)}
+    gold_ids = gold_neighbors(rel, pos, K)  # [B, C, K], -1 = fewer than K positives
+    best = torch.zeros(B, C, C + 1, dtype=torch.bool, device=device).scatter_(-1, gold_ids % (C + 1), True)
+    best = best[..., :C]  # the -1 ids went to the extra last column
+    kwargs = {"neighbor_ids": gold_ids, "use_supplied": sample_gold_mask(keys, C, p_ss, device)}
     # negatives from beyond the span: the prefix's Cp chunks come first, as non-candidates
     Cp = 0 if batch.prefix_ids is None else batch.prefix_ids.shape[1] // mcfg.chunk_size
     retrievable = retrievable_mask(C, mcfg.chunk_size, mcfg.segment_len, device=device, n_before=Cp)  # [C, Cp + C]
@@ -189,7 +193,8 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
         retrievable = retrievable[None] & torch.cat([whole, whole.new_ones(B, C)], 1)[:, None, :]  # [B, C, Cp + C]
         rel = torch.cat([rel.new_full((B, C, Cp), float("-inf")), rel], -1)
         pos = torch.cat([pos.new_zeros(B, C, Cp), pos], -1)
-    return StepInputs(batch, kwargs, rel, pos, retrievable)
+        best = torch.cat([best.new_zeros(B, C, Cp), best], -1)
+    return StepInputs(batch, kwargs, rel, pos, retrievable, best)
 
 
 def sampling_key(seed: int, position: int) -> int:
@@ -282,7 +287,7 @@ class RunLog:
 
 
 # metric slots summed per step and over a log window: numerators and their denominators
-_LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOK = range(7)
+_LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOP, _TOP_N, _TOK = range(9)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -534,7 +539,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     best = _read_best(out_dir)
 
     retriever = mcfg.has_retriever
-    window = torch.zeros(7, dtype=torch.float64)
+    window = torch.zeros(9, dtype=torch.float64)
     window_grad, window_steps, t_window = 0.0, 0, time.perf_counter()
     last_row: dict[str, float] = {}
     step = start
@@ -559,14 +564,14 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             D.all_reduce_sum(denom, info)
 
             model.train()
-            sums = torch.zeros(7, device=dev, dtype=torch.float64)
+            sums = torch.zeros(9, device=dev, dtype=torch.float64)
             for m, x in enumerate(micro):
                 with D.maybe_no_sync(model, m < len(micro) - 1):
                     with autocast():
                         out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, tc.loss_chunk)
                     loss = normalise(lm.total, denom[0], info.world_size)
                     zero = lm.total.new_zeros(())
-                    ret = rec = Sum(zero, zero)
+                    ret = rec = top = Sum(zero, zero)
                     if retriever:
                         scores = out.retrieval_scores
                         prefix_scores = getattr(out, "prefix_scores", None)
@@ -579,8 +584,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
                                               gain=tc.lambdarank_gain)
                         loss = loss + alpha * normalise(ret.total, denom[1], info.world_size)
                         rec = recall_at_k(scores, x.positive & x.retrievable, mcfg.n_neighbors)
+                        top = recall_at_k(scores, x.best & x.retrievable, mcfg.n_neighbors)
                     loss.backward()
-                sums += torch.stack([t.detach().double() for t in (*lm, *ret, *rec, x.batch.loss_mask.sum())])
+                sums += torch.stack([t.detach().double() for t in (*lm, *ret, *rec, *top, x.batch.loss_mask.sum())])
                 del out, loss
             D.all_reduce_sum(sums, info)
             s = sums.cpu()
@@ -794,6 +800,7 @@ def _log_row(step: int, w: torch.Tensor, grad_norm: float, seconds: float, cur: 
     if retriever:
         row["ret_loss"] = normalise(w[_RET], w[_RET_N]).item()
         row[f"recall@{k}"] = normalise(w[_REC], w[_REC_N]).item()
+        row[f"gold_top@{k}"] = normalise(w[_TOP], w[_TOP_N]).item()
         row["ret_pairs"] = w[_RET_N].item()
     row.update({"tokens": int(w[_TOK].item()), "tokens_per_s": w[_TOK].item() / max(seconds, 1e-9), "lr": cur["lr"],
                 "tau": cur["tau"], "alpha_ret": cur["alpha_ret"], "p_ss": cur["p_ss"], "grad_norm": grad_norm})

@@ -222,6 +222,11 @@ def test_prepare_feeds_gold_neighbours_and_the_sampling_mask(corpus):
     want = [c for _, c in sorted(pos, reverse=True)][:2]
     assert x.model_kwargs["neighbor_ids"][0, 7].tolist() == want + [-1] * (2 - len(want))
     assert (x.model_kwargs["neighbor_ids"][:, :4] == -1).all()  # nothing is retrievable in the first two segments
+    # the gold's K best as a mask (what gold_top@K is measured against): exactly the supplied neighbours
+    ids = x.model_kwargs["neighbor_ids"]
+    for b in range(2):
+        for i in range(8):
+            assert set(x.best[b, i].nonzero().flatten().tolist()) == {c for c in ids[b, i].tolist() if c >= 0}
     assert not prepare(batch, cfg.model, 0.0, 0, torch.device("cpu")).model_kwargs["use_supplied"].any()
     # retro: the BM25 top-K candidates, no sampling; xl: nothing
     retro = prepare(batch, tiny_config(corpus["tmp"], variant="retro").model, 1.0, 0, torch.device("cpu"))
@@ -241,7 +246,8 @@ def test_rpt_lex_trains_on_the_bm25_columns_of_sem_labels(corpus):
     res = train(tiny_config(corpus["tmp"], variant="rpt-lex", steps=2, log_every=1), corpus["root"], corpus["labels"],
                 progress=False)
     log = read_log(corpus["tmp"] / "run")
-    assert res.step == 2 and {"ret_loss", "recall@2"} <= set(log[-1]) and all(r["ret_pairs"] > 0 for r in log)
+    assert res.step == 2 and {"ret_loss", "recall@2", "gold_top@2"} <= set(log[-1]) and all(r["ret_pairs"] > 0 for r in log)
+    assert all(0 <= r["gold_top@2"] <= 1 for r in log)
 
 
 def test_gate_hold_keeps_the_neighbour_gate_at_its_initial_values(corpus):
