@@ -102,8 +102,8 @@ def evaluate_checkpoint(path: str, work: Path, split: str, k: int, first_chunk: 
     return out
 
 
-def backbone_rows(backbone: str, work: Path, split: str, cfg: Any, k: int, first: int) -> dict[str, Any]:
-    """`rpt.retrofit.context_rows` over the evaluation documents: the backbone without training."""
+def backbone_rows(backbone: str, work: Path, split: str, cfg: Any, k: int, first: int, device: str) -> dict[str, Any]:
+    """`rpt.retrofit.context_rows` over the evaluation documents: the backbone without training, on `device`."""
     import torch
 
     from rpt.config import ModelConfig
@@ -112,12 +112,12 @@ def backbone_rows(backbone: str, work: Path, split: str, cfg: Any, k: int, first
     from rpt.model.retrofit import RetrofitRPT
     from rpt.retrofit import context_rows, target_chunks
 
-    hf = load_backbone(backbone)
+    hf = load_backbone(backbone).to(device)
     shape = describe(hf)
     xl = ModelConfig(variant="xl", backbone=backbone, vocab_size=shape["vocab_size"], d_model=shape["d_model"],
                      n_layers=shape["n_layers"], n_heads=shape["n_heads"], mlp_hidden=shape["mlp_hidden"],
                      chunk_size=cfg.chunk_size, segment_len=cfg.segment_len, dropout=0.0)
-    window = RetrofitRPT(xl, seed=0, backbone=hf).eval()
+    window = RetrofitRPT(xl, seed=0, backbone=hf).to(device).eval()
     store = open_split(work / "store", split)
     totals = {row: [0.0, 0] for row in CONTEXT}
     with torch.no_grad():
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label_s = time.perf_counter() - t0
     first_chunk = a.first // cfg.chunk_size
     runs = [evaluate_checkpoint(c, work, a.split, a.neighbors, first_chunk, labels, a.device) for c in a.checkpoint]
-    back = backbone_rows(cfg.backbone, work, a.split, cfg, a.neighbors, a.first)
+    back = backbone_rows(cfg.backbone, work, a.split, cfg, a.neighbors, a.first, a.device)
     rows = {s: spread([r["sources"][s]["targets"]["perplexity"] for r in runs]) for s in SOURCES}
     retrieval = {}
     for name in RANKINGS:
