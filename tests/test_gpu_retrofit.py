@@ -29,7 +29,9 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path, recording_comm
     assert r.returncode == 0, r.stderr
     assert recording_command.calls("rpt") == [] and not out.exists(), "a dry run runs nothing"
     lines = [shlex.split(line[2:]) for line in r.stdout.splitlines() if line.startswith("+ ")]
-    assert len(lines) == 2 * (2 + 3 + 1), r.stdout  # two domains: prepare, label, three seeds, eval
+    assert len(lines) == 1 + 2 * (2 + 3 + 1), r.stdout  # the GGUF dequantised once; two domains: prepare, label, 3 seeds, eval
+    assert lines[0] == [sys.executable, "scripts/dequantise_gguf.py", "/models/smollm2.gguf", str(out / "backbone")]
+    lines = lines[1:]
     parser = build_parser()
     verbs = []
     for argv in lines:
@@ -37,9 +39,9 @@ def test_the_dry_run_prints_every_command_and_runs_none(tmp_path, recording_comm
             args = parser.parse_args(argv[1:])
             verbs.append(argv[1])
             if argv[1] == "train":
-                assert args.backbone == "/models/smollm2.gguf" and args.device == "cuda" and args.precision == "bf16"
+                assert args.backbone == str(out / "backbone") and args.device == "cuda" and args.precision == "bf16"
             if argv[1] == "prepare":
-                assert args.tokenizer == "/models/smollm2.gguf" and args.corpus in ("stdlib", "kjv")
+                assert args.tokenizer == str(out / "backbone") and args.corpus in ("stdlib", "kjv")
         else:
             assert argv[:2] == [sys.executable, "benchmarks/retrofit_eval.py"]
             args = benchmark_script("retrofit_eval").parser().parse_args(argv[2:])

@@ -80,3 +80,25 @@ def test_the_pipeline_runs_from_the_gguf_alone(smollm2, tmp_path):
                  "--no-progress"]) == 0
     assert main(["eval", "--checkpoint", str(run), "--store", str(store), "--split", "train", "--max-documents", "1",
                  "--out", str(tmp_path / "eval.json"), "--no-progress"]) == 0
+
+
+def test_a_dequantised_folder_gives_the_ggufs_logits_and_tokens(smollm2, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rpt.model.backbone import load_backbone, load_tokenizer
+
+    path, hf = smollm2
+    out = tmp_path / "smollm2"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "dequantise_gguf.py"
+    r = subprocess.run([sys.executable, str(script), str(path), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    again = subprocess.run([sys.executable, str(script), str(path), str(out)], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr  # never written over
+    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+    ids = load_tokenizer(path)(text)["input_ids"]
+    assert load_tokenizer(out)(text)["input_ids"] == ids
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(load_backbone(out)(x).logits, hf(x).logits)
