@@ -17,6 +17,7 @@ train.activation_checkpointing runs each decoder layer under torch.utils.checkpo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from torch import nn
 from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
 from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
+from rpt.data.prepare import store_source
 from rpt.data.store import StoreError
 from rpt.locks import folder_lock
 from rpt.model.registry import spec
@@ -518,7 +520,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress, cfg if tc.wandb else None)
     if info.is_main:
         mark_folder(out_dir, OWNER)
-        _write_config(out_dir, cfg, start, changes)
+        # the config records what the store was built from (its prepare.json), not the defaults of data.*
+        source = store_source(store_root if store_root is not None else cfg.data.store)
+        _write_config(out_dir, dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **source)), start, changes)
         if init is not None:
             (out_dir / "init.json").write_text(json.dumps({"init_from": tc.init_from, **init.to_dict()}, indent=1) + "\n")
             print(f"rpt train: {init.summary()}", flush=True)

@@ -86,3 +86,17 @@ def test_a_few_updates_teach_cca_to_read_a_copy_beyond_the_window():
     with torch.no_grad():
         after = float(loss())
     assert after < 0.85 * before, (before, after)
+
+
+def test_the_run_records_the_corpus_and_tokenizer_its_store_was_built_from(retrofit_run):
+    """config.yaml's data section names what `rpt prepare` built the store from (its prepare.json), not the preset's
+    defaults (bpe:2048, stdlib)."""
+    import json
+
+    from rpt.config import RPTConfig
+
+    store, run = retrofit_run
+    built = json.loads((store / "prepare.json").read_text())
+    data = RPTConfig.from_yaml(run / "config.yaml").data
+    assert (data.corpus, data.tokenizer) == (built["corpus"]["spec"], built["tokenizer"]["name"])
+    assert "llama" in data.tokenizer and data.corpus.endswith("corpus") and data.store == str(store)
