@@ -1,5 +1,5 @@
 """Where one training update's time goes, per variant, at a small preset: the phases of the training loop timed
-apart (data + label tensors, forward, losses, backward, optimiser), then torch.profiler's top operators of the
+apart (data + label tensors, forward with both losses, backward, optimiser), then torch.profiler's top operators of the
 forward + backward for each variant: where the retrieving variants' extra time per update goes. Run it alone on
 the machine.
 
@@ -7,8 +7,8 @@ the machine.
     python benchmarks/step_profile.py store=runs/demo/store steps=20 variants=xl,retro,rpt-lex,rpt-sem \
         out=docs/data/step_profile.json
 
-Every phase calls the training loop's own functions (rpt.training.loop.prepare, RPT.forward with the chunked LM loss,
-lambdarank_loss, clip_gradients, the optimiser), on the store's real tokens and labels, in one process, variants
+Every phase calls the training loop's own functions (rpt.training.loop.prepare, step_denominators and micro_loss:
+the forward with the chunked LM loss and the LambdaRank loss, normalised as in training; clip_gradients, the optimiser), on the store's real tokens and labels, in one process, variants
 interleaved step by step so that a change in the machine's speed hits every variant alike.
 """
 
@@ -30,8 +30,7 @@ def main(argv: list[str]) -> None:
     from rpt.labels.store import LabelStore
     from rpt.model.rpt import RPT
     from rpt.training.data import BatchStream, SequenceDataset, open_store
-    from rpt.training.loop import prepare
-    from rpt.training.losses import forward_lm, lambdarank_loss
+    from rpt.training.loop import micro_loss, prepare, step_denominators
     from rpt.training.optim import build_optimizer, clip_gradients
 
     opts = dict(a.split("=", 1) for a in argv)
@@ -61,12 +60,8 @@ def main(argv: list[str]) -> None:
             t = [time.perf_counter()]
             x = prepare(r["stream"].next_step()[0], cfg.model, 0.5, 0, dev)  # p_ss = 0.5: both neighbour paths
             t.append(time.perf_counter())
-            out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, cfg.train.loss_chunk)
-            t.append(time.perf_counter())
-            loss = lm.total / lm.count
-            if out.retrieval_scores is not None:
-                ret = lambdarank_loss(out.retrieval_scores, x.relevance, x.positive, 1.0, x.retrievable)
-                loss = loss + 0.1 * ret.total / ret.count.clamp_min(1)
+            loss, _ = micro_loss(model, x, cfg.model, cfg.train, step_denominators([x], cfg.model.has_retriever),
+                                 cfg.train.alpha_ret, 1.0)
             t.append(time.perf_counter())
             loss.backward()
             t.append(time.perf_counter())
@@ -76,7 +71,7 @@ def main(argv: list[str]) -> None:
             t.append(time.perf_counter())
             if step >= 2:
                 r["times"].append(np.diff(t))
-    phases = ["data + labels", "forward (incl. LM loss)", "retrieval loss", "backward", "optimiser"]
+    phases = ["data + labels", "forward (both losses)", "backward", "optimiser"]
     result = {"machine": machine(), "preset": preset, "seq_len": seq, "batch_size": batch, "steps": steps, "variants": {}}
     base = None
     print(f"{'variant':<9}" + "".join(f"{p:>25}" for p in phases) + f"{'total':>10}{'vs xl':>7}")
@@ -95,10 +90,8 @@ def main(argv: list[str]) -> None:
             cfg, model = r["cfg"], r["model"]
             x = prepare(r["stream"].next_step()[0], cfg.model, 0.5, 0, dev)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, cfg.train.loss_chunk)
-                loss = lm.total
-                if out.retrieval_scores is not None:
-                    loss = loss + lambdarank_loss(out.retrieval_scores, x.relevance, x.positive, 1.0, x.retrievable).total
+                loss, _ = micro_loss(model, x, cfg.model, cfg.train, step_denominators([x], cfg.model.has_retriever),
+                                     cfg.train.alpha_ret, 1.0)
                 loss.backward()
             model.zero_grad(set_to_none=True)
             ev = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: int(opts.get("top", 12))]

@@ -203,12 +203,13 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
     update (the median after the first), the first update's seconds (with compile=True: the compilation) and the peak
     memory (max RSS on the CPU, max_memory_allocated on CUDA).
 
-    The step is the training loop's: the model's forward with the chunked LM loss (or full logits, loss_chunk=0),
-    retro fed random retrievable neighbours, rpt-lex / rpt-sem's LambdaRank loss over 4 random candidates per query
-    chunk, backward, global-norm clipping and the configured optimiser. Meant to run in a fresh process
+    The step is the training loop's own (`rpt.training.loop.prepare`, `step_denominators`, `micro_loss`): the model's
+    forward with the chunked LM loss (or full logits, loss_chunk=0), on synthetic labels of 4 random candidates per
+    query chunk (retro reads their BM25 top K; rpt-lex / rpt-sem rank them with LambdaRank, half the chunks fed the
+    gold neighbours), backward, global-norm clipping and the configured optimiser. Meant to run in a fresh process
     (`measure_step`)."""
-    from rpt.chunks import retrievable_mask
-    from rpt.training.losses import forward_lm, lambdarank_loss, relevance_from_candidates
+    from rpt.training.data import Batch
+    from rpt.training.loop import micro_loss, prepare, step_denominators
     from rpt.training.optim import build_optimizer, clip_gradients
 
     if threads:
@@ -223,27 +224,25 @@ def probe_step(variant: str, preset: str, seq_len: int, batch_size: int = 1, voc
         model.compile()  # as the training loop does with train.compile
     opt = build_optimizer(model, cfg.train)
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, m.vocab_size, (batch_size, seq_len), generator=g).to(dev)
+    ids = torch.randint(0, m.vocab_size, (batch_size, seq_len), generator=g)
     C = seq_len // m.chunk_size
     use_bf16 = cfg.train.precision == "bf16" and dev.type == "cuda"
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     stamps = [time.perf_counter()]
     for _ in range(steps):
-        nb = (torch.randint(0, C, (batch_size, C, m.n_neighbors), generator=g).to(dev) if variant == "retro" else None)
+        batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool),
+                      candidates=torch.randint(0, C, (batch_size, C, 4), generator=g),
+                      bm25=torch.rand(batch_size, C, 4, generator=g), target=torch.randn(batch_size, C, 4, generator=g))
+        x = prepare(batch, m, 0.5, seed, dev)
+        denom = step_denominators([x], m.has_retriever)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
-            out, lm = forward_lm(model, ids, {"neighbor_ids": nb}, None, cfg.train.loss_chunk)
-        loss = lm.total / lm.count
-        if out.retrieval_scores is not None:
-            cand = torch.randint(0, C, (batch_size, C, 4), generator=g).to(dev)
-            rel, pos = relevance_from_candidates(cand, torch.rand(batch_size, C, 4, generator=g).to(dev), C)
-            r = lambdarank_loss(out.retrieval_scores, rel, pos, 1.0, retrievable_mask(C, m.chunk_size, m.segment_len, dev))
-            loss = loss + cfg.train.alpha_ret * r.total / r.count.clamp_min(1)
+            loss, _ = micro_loss(model, x, m, cfg.train, denom, cfg.train.alpha_ret, 1.0)
         loss.backward()
         clip_gradients(model, cfg.train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del out, loss
+        del loss
         if dev.type == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())

@@ -38,7 +38,7 @@ from torch import nn
 
 from rpt import checkpoint as ckpt_io
 from rpt.chunks import retrievable_mask
-from rpt.config import ModelConfig, RPTConfig, config_differences, effective_fields, flat_config
+from rpt.config import ModelConfig, RPTConfig, TrainConfig, config_differences, effective_fields, flat_config
 from rpt.data.prepare import store_source
 from rpt.data.store import StoreError
 from rpt.locks import folder_lock
@@ -199,6 +199,45 @@ def prepare(batch: Batch, mcfg: ModelConfig, p_ss: float, seed: int, device: tor
     return StepInputs(batch, kwargs, rel, pos, retrievable, best)
 
 
+def step_denominators(micro: list[StepInputs], retriever: bool) -> torch.Tensor:
+    """[2]: the LM tokens and the LambdaRank pairs of this rank's micro-batches; summed over ranks, the denominators
+    every micro-batch's loss is divided by, so that the update is the same however the global batch is split."""
+    dev = micro[0].batch.input_ids.device
+    denom = torch.zeros(2, device=dev)
+    for x in micro:
+        denom[0] += lm_token_count(x.batch.loss_mask)
+        if retriever:
+            denom[1] += count_pairs(x.relevance, x.positive, x.retrievable)
+    return denom
+
+
+def micro_loss(model: nn.Module, x: StepInputs, mcfg: ModelConfig, tc: TrainConfig, denom: torch.Tensor, alpha: float,
+               tau: float, world_size: int = 1, check_scores: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training loss of one micro-batch, as `rpt train` computes it, and the sums its log lines are made of.
+
+    loss = LM loss summed over tokens / denom[0] + alpha * LambdaRank loss (§3.2, margin tau) summed over pairs /
+    denom[1] (both per rank: × world_size, for DDP's gradient mean), ready for backward(). The sums [N_SUMS] float64,
+    detached: LM loss and tokens, ranking loss and pairs, recall@K and gold_top@K with their query counts, real tokens.
+    check_scores: check once that the model masks exactly the chunks the retrievable rule masks."""
+    out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, tc.loss_chunk)
+    loss = normalise(lm.total, denom[0], world_size)
+    zero = lm.total.new_zeros(())
+    ret = rec = top = Sum(zero, zero)
+    if x.relevance is not None:
+        scores = out.retrieval_scores
+        prefix_scores = getattr(out, "prefix_scores", None)
+        if prefix_scores is not None:  # chunks before the sequence: columns -Cp .. -1
+            scores = torch.cat([prefix_scores, scores], -1)
+        if check_scores:
+            _check_scores(scores, x.retrievable)
+        ret = lambdarank_loss(scores, x.relevance, x.positive, tau, x.retrievable, gain=tc.lambdarank_gain)
+        loss = loss + alpha * normalise(ret.total, denom[1], world_size)
+        rec = recall_at_k(scores, x.positive & x.retrievable, mcfg.n_neighbors)
+        top = recall_at_k(scores, x.best & x.retrievable, mcfg.n_neighbors)
+    sums = torch.stack([t.detach().double() for t in (*lm, *ret, *rec, *top, x.batch.loss_mask.sum())])
+    return loss, sums
+
+
 def sampling_key(seed: int, position: int) -> int:
     """The scheduled-sampling seed of the sequence at `position` in the data stream (each position is used once)."""
     return int(np.random.SeedSequence([seed, position]).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
@@ -290,6 +329,7 @@ class RunLog:
 
 # metric slots summed per step and over a log window: numerators and their denominators
 _LM, _LM_N, _RET, _RET_N, _REC, _REC_N, _TOP, _TOP_N, _TOK = range(9)
+N_SUMS = 9
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -543,7 +583,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     best = _read_best(out_dir)
 
     retriever = mcfg.has_retriever
-    window = torch.zeros(9, dtype=torch.float64)
+    window = torch.zeros(N_SUMS, dtype=torch.float64)
     window_grad, window_steps, t_window = 0.0, 0, time.perf_counter()
     last_row: dict[str, float] = {}
     step = start
@@ -559,39 +599,20 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
             set_lr(optimizer, lr)
             micro = [prepare(b, mcfg, p_ss, tc.seed, dev) for b in stream.next_step()]
 
-            # global denominators, known before any forward pass
-            denom = torch.zeros(2, device=dev)
-            for x in micro:
-                denom[0] += lm_token_count(x.batch.loss_mask)
-                if retriever:
-                    denom[1] += count_pairs(x.relevance, x.positive, x.retrievable)
+            denom = step_denominators(micro, retriever)  # global: known before any forward pass
             D.all_reduce_sum(denom, info)
 
             model.train()
-            sums = torch.zeros(9, device=dev, dtype=torch.float64)
+            sums = torch.zeros(N_SUMS, device=dev, dtype=torch.float64)
             for m, x in enumerate(micro):
                 with D.maybe_no_sync(model, m < len(micro) - 1):
                     with autocast():
-                        out, lm = forward_lm(model, x.batch.input_ids, x.model_kwargs, x.batch.loss_mask, tc.loss_chunk)
-                    loss = normalise(lm.total, denom[0], info.world_size)
-                    zero = lm.total.new_zeros(())
-                    ret = rec = top = Sum(zero, zero)
-                    if retriever:
-                        scores = out.retrieval_scores
-                        prefix_scores = getattr(out, "prefix_scores", None)
-                        if prefix_scores is not None:  # chunks before the sequence: columns -Cp .. -1
-                            scores = torch.cat([prefix_scores, scores], -1)
-                        if not checked_scores:
-                            _check_scores(scores, x.retrievable)
-                            checked_scores = True
-                        ret = lambdarank_loss(scores, x.relevance, x.positive, tau, x.retrievable,
-                                              gain=tc.lambdarank_gain)
-                        loss = loss + alpha * normalise(ret.total, denom[1], info.world_size)
-                        rec = recall_at_k(scores, x.positive & x.retrievable, mcfg.n_neighbors)
-                        top = recall_at_k(scores, x.best & x.retrievable, mcfg.n_neighbors)
+                        loss, got = micro_loss(model, x, mcfg, tc, denom, alpha, tau, info.world_size,
+                                               check_scores=not checked_scores)
+                    checked_scores = True
                     loss.backward()
-                sums += torch.stack([t.detach().double() for t in (*lm, *ret, *rec, *top, x.batch.loss_mask.sum())])
-                del out, loss
+                sums += got
+                del loss
             D.all_reduce_sum(sums, info)
             s = sums.cpu()
             lm_mean, ret_mean = normalise(s[_LM], s[_LM_N]).item(), normalise(s[_RET], s[_RET_N]).item()
