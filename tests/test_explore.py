@@ -1,4 +1,4 @@
-"""The retrieval explorer (rpt/explore.py, `rpt explore`): the page shows each query chunk's text, its target and the
+"""The retrieval explorer (rpt/eval/explore.py, `rpt explore`): the page shows each query chunk's text, its target and the
 neighbours of the model, BM25 and the labels; its numbers agree with the model's full forward; it is well-formed HTML
 and renders in a headless browser."""
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from rpt import RPT, RPTConfig
 from rpt.chunks import last_retrievable
 from rpt.eval.perplexity import bm25_neighbors
-from rpt.explore import bm25_causal, explore_document, gold_ids, render_html, token_pieces
+from rpt.eval.explore import bm25_causal, explore_document, gold_ids, render_html, token_pieces
 from rpt.labels.bm25 import bm25_candidates
 from rpt.labels.store import LabelRows
 

@@ -158,8 +158,8 @@ FLOORS = [
     ("base", ("rpt.version", "rpt.utils", "rpt.locks", "rpt.outputs", "rpt.chunks", "rpt.config")),
     ("model", ("rpt.model",)),
     ("data, labels, checkpoints", ("rpt.data", "rpt.labels", "rpt.checkpoint", "rpt.retrievers")),
-    ("training, evaluation, decoding", ("rpt.training", "rpt.eval", "rpt.decoding", "rpt.explore", "rpt.retrofit")),
-    ("Hugging Face, export, API", ("rpt.hf", "rpt.hf_auto", "rpt.export", "rpt.api", "rpt")),
+    ("training, evaluation, decoding", ("rpt.training", "rpt.eval", "rpt.decoding", "rpt.retrofit")),
+    ("Hugging Face, export, API", ("rpt.hf", "rpt.api", "rpt")),
     ("command line", ("rpt.commands", "rpt.cli")),
     ("experiments (lab/, beside the library)", ("lab",)),
 ]

@@ -1,5 +1,5 @@
 """`rpt explore`: an HTML page showing, for every chunk of one document, what the model retrieved next to BM25 and the
-scorer's gold candidates (rpt/explore.py)."""
+scorer's gold candidates (rpt/eval/explore.py)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from rpt.data.store import StoreError, TokenStore
     from rpt.data.tokenizer import Tokenizer
     from rpt.decoding import memory_factory, read_text_file
-    from rpt.explore import COMPARE, explore_document, render_html
+    from rpt.eval.explore import COMPARE, explore_document, render_html
     from rpt.utils import UserError
 
     if (args.store is None) == (args.text is None):
