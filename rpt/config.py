@@ -451,10 +451,11 @@ _READ_ONLY_BY = {
 
 
 # config fields that name a folder: two configs naming it by a relative and an absolute path are the same setting
-# config keys that change no weight of a run (logging, checkpoint cadence, recomputation): two runs that differ only
+# config keys that change no weight of a run (logging, checkpoint cadence, recomputation, and what the store was built
+# from, which a run records from the store's prepare.json: the store is what it trains on): two runs that differ only
 # in these are the same setting (`python -m lab sweep` resumes across them, `python -m lab compare` pools them)
 BOOKKEEPING = ("train.log_every", "train.checkpoint_every", "train.keep_last", "train.tensorboard", "train.wandb",
-               "train.wandb_project", "train.activation_checkpointing")
+               "train.wandb_project", "train.activation_checkpointing", "data.corpus", "data.tokenizer")
 PATH_FIELDS = ("data.store", "train.out_dir", "train.init_from", "model.backbone")
 
 
