@@ -211,3 +211,49 @@ def bm25_neighbors(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int
         scores[scores <= 0] = -np.inf  # shares no token with the query: not a candidate
         ids[s0 : s0 + cps] = topk_rows(scores, k)[0]
     return ids
+
+
+def bm25_neighbors_dense(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int, first: int = 0) -> np.ndarray:
+    """`bm25_neighbors` (causal statistics) with NumPy alone, for code that runs without SciPy (the code of an
+    exported model, rpt.hf): the same ids. Each score is summed term by term in the order SciPy's sparse product
+    sums it (the query chunk's terms in ascending id, in float32), so the two agree float for float and break ties
+    alike. Only the query's terms are counted: memory is [retrievable chunks, segment_len].
+
+    first: compute the neighbours of chunks first .. C - 1 only (a generator adding chunks one at a time); returns
+    [C - first, k], document-absolute ids, best first, -1 = none."""
+    tokens = np.asarray(tokens)
+    cps = chunks_per_segment(chunk_size, segment_len)
+    n_chunks = len(tokens) // chunk_size
+    ids = np.full((max(n_chunks - first, 0), k), -1, np.int64)
+    toks = tokens[: n_chunks * chunk_size].reshape(n_chunks, chunk_size)
+    for s0 in range(max(2 * cps, first // cps * cps), n_chunks, cps):  # a segment's chunks share one retrievable set
+        lo, hi = max(s0, first), min(s0 + cps, n_chunks)
+        n_docs = int(last_retrievable(s0, chunk_size, segment_len)) + 1  # chunks 0 .. limit
+        if n_docs <= 0 or lo >= hi:  # nothing retrievable yet (segments of one chunk), or no chunk asked for
+            continue
+        terms = np.unique(toks[lo:hi])  # the queries' terms, ascending
+        docs = toks[:n_docs]
+        col = np.searchsorted(terms, docs).clip(max=len(terms) - 1)
+        hit = terms[col] == docs
+        counts = np.zeros((n_docs, len(terms)), np.float64)  # term counts of the retrievable chunks
+        np.add.at(counts, (np.nonzero(hit)[0], col[hit]), 1.0)
+        # bm25_weights' numbers: idf over the retrievable chunks, every chunk M tokens long
+        df = (counts > 0).sum(axis=0).astype(np.float64)
+        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
+        doc_len = np.full(n_docs, float(chunk_size))
+        norm = K1 * (1.0 - B + B * doc_len / doc_len.mean())
+        weights = (idf[None, :] * counts / (counts + norm[:, None])).astype(np.float32).T  # [T, D]
+        # each query's distinct terms (ascending) and counts; padding adds 0 * weight = +0, which changes no sum
+        per_row = [np.unique(row, return_counts=True) for row in toks[lo:hi]]
+        width = max(len(t) for t, _ in per_row)
+        q_col = np.zeros((hi - lo, width), np.int64)
+        q_cnt = np.zeros((hi - lo, width), np.float32)
+        for r, (t, c) in enumerate(per_row):
+            q_col[r, : len(t)] = np.searchsorted(terms, t)
+            q_cnt[r, : len(t)] = c
+        scores = np.zeros((hi - lo, n_docs), np.float32)
+        for j in range(width):
+            scores += q_cnt[:, j, None] * weights[q_col[:, j]]
+        scores[scores <= 0] = -np.inf  # shares no token with the query: not a candidate
+        ids[lo - first : hi - first] = topk_rows(scores, k)[0]
+    return ids

@@ -164,3 +164,21 @@ def test_span_shorter_than_two_segments_has_no_candidates():
     assert (ids == -1).all() and np.isnan(vals).all()
     ids, _ = bm25_candidates(np.arange(3), 4, 16, k=5)
     assert ids.shape == (0, 5)
+
+
+def test_numpy_neighbours_equal_the_sparse_ones():
+    """bm25_neighbors_dense (NumPy alone, the exported model's copy) gives bm25_neighbors' ids exactly: small
+    vocabularies (many tied scores), Zipf-like text, one-chunk segments, and only the chunks from `first` on."""
+    from rpt.labels.bm25 import bm25_neighbors, bm25_neighbors_dense
+
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        m = int(rng.choice([2, 4, 8, 16]))
+        s = m * int(rng.choice([1, 2, 4]))
+        vocab = int(rng.choice([3, 20, 500]))
+        n = int(rng.integers(0, 30 * s))
+        tokens = rng.zipf(1.3, n) % vocab if trial % 2 else rng.integers(0, vocab, n)
+        k = int(rng.integers(1, 6))
+        ref = bm25_neighbors(tokens, m, s, k)
+        first = int(rng.integers(0, len(ref) + 2)) if trial % 3 == 0 else 0
+        np.testing.assert_array_equal(bm25_neighbors_dense(tokens, m, s, k, first=first), ref[first:])
