@@ -68,10 +68,15 @@ def spec(variant: str) -> VariantSpec:
 
 
 def model_class(variant: str) -> type[nn.Module]:
-    import importlib
+    # imported by name, not through `importlib` and the module path: an exported model's copy of this code
+    # (rpt.hf.bundle) finds every model module by its imports
+    from rpt.model.block_recurrent import BlockRecurrentTransformer
+    from rpt.model.griffin import Griffin
+    from rpt.model.memorizing import MemorizingTransformer
+    from rpt.model.rpt import RPT
 
     s = spec(variant)
-    return getattr(importlib.import_module(s.module), s.cls)
+    return {c.__name__: c for c in (RPT, MemorizingTransformer, BlockRecurrentTransformer, Griffin)}[s.cls]
 
 
 def build_model(cfg: ModelConfig | str, seed: int | None = None, **fields: Any) -> nn.Module:

@@ -51,6 +51,15 @@ def test_public_api_shape():
     assert out.neighbor_ids.shape == (2, 4, 2) and out.retrieval_scores.shape == (2, 4, 4)
 
 
+def test_the_registry_names_each_variant_s_class_and_module():
+    from rpt.config import VARIANTS
+    from rpt.model.registry import model_class, spec
+
+    for variant in VARIANTS:
+        cls = model_class(variant)
+        assert (cls.__module__, cls.__name__) == (spec(variant).module, spec(variant).cls), variant
+
+
 @pytest.mark.parametrize("variant", MODELS)
 @pytest.mark.parametrize("t", [1, 63, 64, 257, 64 * 9 + 63, 64 * 9 + 64, 1000])
 def test_no_leakage(variant, t):
