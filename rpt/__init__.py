@@ -12,15 +12,16 @@
     net = build_model("tiny", variant="rpt-sem", vocab_size=V)       # any variant by name, the baselines too
     out = net(input_ids, labels=input_ids)                           # out.logits [B, T, V], out.loss
 
-Exported models (`rpt export`, `model.export(out)`) load with transformers' AutoModelForCausalLM once rpt is
-imported (rpt.hf_auto). `import rpt` stays light: torch loads when a function below is first used.
+Exported models (`rpt export`, `rpt.export(run, out)`, `model.export(out)`) load with transformers'
+AutoModelForCausalLM: with trust_remote_code=True anywhere (the folder carries the model's code), without it once rpt
+is imported (rpt.hf). `import rpt` stays light: torch loads when a function below is first used.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rpt import hf_auto
+from rpt import hf
 from rpt.config import RPTConfig
 from rpt.version import __version__
 
@@ -28,20 +29,21 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rpt.api import EvalResult, LoadedModel, evaluate, label, load, prepare
     from rpt.api import generate as generate
     from rpt.api import train as train
+    from rpt.hf.export import export
     from rpt.model.registry import build_model
     from rpt.model.rpt import RPT
 
-__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "build_model", "evaluate", "generate", "label",
-           "load", "prepare", "train"]
+__all__ = ["RPT", "EvalResult", "LoadedModel", "RPTConfig", "__version__", "build_model", "evaluate", "export", "generate",
+           "label", "load", "prepare", "train"]
 
-hf_auto.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf_auto.py)
+hf.install()  # registers with transformers' Auto classes when transformers loads (rpt/hf/__init__.py)
 
 # name -> (module, attribute); imported on first use
 _LAZY = {"RPT": ("rpt.model.rpt", "RPT"), "build_model": ("rpt.model.registry", "build_model"),
          "load": ("rpt.api", "load"), "label": ("rpt.api", "label"), "evaluate": ("rpt.api", "evaluate"),
          "prepare": ("rpt.api", "prepare"),
          "EvalResult": ("rpt.api", "EvalResult"), "LoadedModel": ("rpt.api", "LoadedModel"),
-         "generate": ("rpt.api", "generate"), "train": ("rpt.api", "train")}
+         "generate": ("rpt.api", "generate"), "train": ("rpt.api", "train"), "export": ("rpt.hf.export", "export")}
 
 
 def __getattr__(name: str):

@@ -66,8 +66,8 @@ class LoadedModel:
 
     @checked
     def export(self, out: str | Path, force: bool = False) -> Path:
-        """Write this checkpoint as a Hugging Face folder (`rpt.export.export`); returns `out`."""
-        from rpt.export import export
+        """Write this checkpoint as a Hugging Face folder (`rpt.export`); returns `out`."""
+        from rpt.hf.export import export
 
         return export(self.path, out, force=force)
 
@@ -136,7 +136,7 @@ def _load_exported(path: Path, device: str, tokenizer: str | Path | None) -> Loa
     as the export recorded them (defaults where it did not)."""
     from rpt.config import ConfigError, RPTConfig, from_dict
     from rpt.data.tokenizer import Tokenizer
-    from rpt.hf import RPTForCausalLM
+    from rpt.hf.modeling import RPTForCausalLM
 
     hf = RPTForCausalLM.from_pretrained(str(path))
     model = hf.model.to(device).eval()

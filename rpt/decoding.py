@@ -450,7 +450,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", tokeni
     (the newest checkpoint), through the shared `load_model` of rpt.checkpoint. The tokenizer is `tokenizer` if given, else
     found by `find_tokenizer` (None when nowhere to be found); it must be the one the run recorded (see
     `check_tokenizer`). Returns (model, its run config, the tokenizer or None, the checkpoint folder): what
-    `rpt.api.load_model` wraps in a LoadedModel and `rpt.export.export` writes."""
+    `rpt.api.load_model` wraps in a LoadedModel and `rpt.export` writes."""
     from rpt.checkpoint import load_model as load_checkpoint
     from rpt.checkpoint import resolve_checkpoint
     from rpt.data.tokenizer import Tokenizer

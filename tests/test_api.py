@@ -105,7 +105,7 @@ def test_python_callers_see_argument_names(tmp_path, capsys):
     with pytest.raises(ArgumentError, match=r"^path='[^']*nope': no such file or folder"):
         rpt.load(tmp_path / "nope")
     from rpt.api import load_model
-    from rpt.export import export
+    from rpt.hf.export import export
 
     with pytest.raises(ArgumentError, match=r"^checkpoint='[^']*nope': no such file"):
         load_model(tmp_path / "nope")

@@ -1,4 +1,4 @@
-"""Hugging Face integration (rpt/hf.py, rpt/export.py): `rpt export` writes a folder that AutoModelForCausalLM and
+"""Hugging Face integration (rpt/hf/): `rpt export` writes a folder that AutoModelForCausalLM and
 AutoTokenizer load; greedy generate() equals `rpt.generate` token for token (retrieval at every chunk boundary through
 the model's own document cache); the loss with labels equals our LM loss; save/load keeps the logits; what cannot work
 is refused in one line."""
@@ -87,6 +87,17 @@ def prompt_ids(store: dict, n: int = 300) -> list[int]:
     return store["tok"].encode(TEXT)[:n]
 
 
+def rpt_greedy(run: Path, ids: list[int], n_new: int):
+    """`rpt.generate`'s greedy continuation of ids by the run's checkpoint, stopping at the end-of-text token (id 0)
+    and never sampling an id past the tokenizer's, as the export's generation config does."""
+    from rpt.api import load_model
+
+    ours = load_model(run)
+    cfg = GenerateConfig(max_new_tokens=n_new, greedy=True, vocab_size=ours.tokenizer.vocab_size, stop_at_eos=True,
+                         eos_id=0)
+    return generate(ours.model, [ids], cfg)[0]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # export and Auto loading
 
@@ -134,19 +145,14 @@ def test_model_card(exported, store):
 def test_auto_greedy_generate_equals_rpt_generate(exported, store, variant, n_new):
     """A 300-token prompt (chunk 4 retrieves at prefill) and n_new tokens crossing the chunk boundaries at 320 and
     384 (also a segment boundary): generate() through the document cache gives our greedy tokens, one for one."""
-    from rpt.api import load_model
-
     folder = exported[variant]["folder"]
     model = AutoModelForCausalLM.from_pretrained(folder)
     tok = AutoTokenizer.from_pretrained(folder)
     assert isinstance(model, RPTForCausalLM) and not model.training
     ids = prompt_ids(store)
     got = model.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False)[0, len(ids):].tolist()
-
-    ours = load_model(exported[variant]["run"])
-    cfg = GenerateConfig(max_new_tokens=n_new, greedy=True, vocab_size=ours.tokenizer.vocab_size, stop_at_eos=True,
-                         eos_id=tok.eos_token_id)
-    ref = generate(ours.model, [ids], cfg)[0]
+    assert tok.eos_token_id == 0
+    ref = rpt_greedy(exported[variant]["run"], ids, n_new)
     assert got == ref.tokens
     assert len(set(got)) > 10 and max(got) < store["tok"].vocab_size < 512  # varied; never an id past the tokenizer's
     if variant == "rpt-sem":  # retrieval happened, at prefill and on generated chunks
@@ -169,6 +175,126 @@ def test_every_variant_generates_as_rpt_generate(variant):
     # the document cache's step and the whole-sequence forward (retro: BM25 over the whole sequence) agree
     with torch.no_grad():
         torch.testing.assert_close(hf(ids, use_cache=True).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the folder's own code: loading without rpt (trust_remote_code=True)
+
+
+def test_export_carries_its_code(exported):
+    """config.json's auto_map names the folder's configuration_rpt.py and modeling_rpt.py, which import nothing of rpt;
+    in a process that imported rpt, the Auto classes still use rpt's own, with or without trust_remote_code."""
+    import ast
+
+    folder = exported["rpt-sem"]["folder"]
+    assert json.loads((folder / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_rpt.RPTHFConfig", "AutoModelForCausalLM": "modeling_rpt.RPTForCausalLM"}
+    files = {p.name: p.read_text() for p in folder.glob("*.py")}
+    assert {"configuration_rpt.py", "modeling_rpt.py", "rpt_model_rpt.py", "rpt_model_griffin.py", "rpt_config.py",
+            "rpt_labels_bm25.py"} <= set(files)
+    for name, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                roots = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert all(r.split(".")[0] != "rpt" for r in roots), (name, node.lineno)
+    assert "scipy" not in files["rpt_labels_bm25.py"] and "yaml" not in files["rpt_config.py"]
+    for trust in (False, True):
+        assert type(AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=trust)) is RPTForCausalLM
+
+
+def test_the_folder_s_own_code_generates_as_rpt(exported, store, tmp_path, monkeypatch):
+    """The tiny rpt-sem run's export, loaded by the folder's own code (as with trust_remote_code=True, rpt's modules
+    out of reach): greedy generate() retrieves and gives `rpt.generate`'s tokens."""
+    from hf_helpers import load_copy
+
+    folder = exported["rpt-sem"]["folder"]
+    code = load_copy(folder, tmp_path, monkeypatch)
+    model = code.RPTForCausalLM.from_pretrained(folder)
+    assert type(model.model).__module__.endswith(".rpt_model_rpt") and not model.training
+    ids = prompt_ids(store)
+    got = model.generate(torch.tensor([ids]), max_new_tokens=90, do_sample=False)[0, len(ids):].tolist()
+    ref = rpt_greedy(exported["rpt-sem"]["run"], ids, 90)
+    assert got == ref.tokens and any(n >= 0 for r in ref.generated_retrievals for n in r.neighbor_ids)
+
+
+@pytest.mark.parametrize("variant", ["retro", "memorizing", "block-recurrent", "griffin"])
+def test_the_saved_code_serves_every_variant(variant, tmp_path, monkeypatch):
+    """save_pretrained writes the code too; the copy builds every variant (retro's BM25 with NumPy alone) and
+    generates rpt's tokens."""
+    from hf_helpers import load_copy
+
+    from rpt.model.registry import build_model
+
+    torch.manual_seed(0)
+    model = varied(build_model(RPTConfig.from_preset("tiny", variant=variant, vocab_size=101, init_std=0.3).model, seed=0))
+    RPTForCausalLM.from_rpt_model(model).save_pretrained(tmp_path / "saved")
+    code = load_copy(tmp_path / "saved", tmp_path / "code", monkeypatch)
+    copy = code.RPTForCausalLM.from_pretrained(tmp_path / "saved")
+    ids = torch.randint(0, 101, (1, 250), generator=torch.Generator().manual_seed(1))
+    n_new = 12 if variant == "retro" else 8  # 250 + 12 crosses the chunk boundary at 256
+    got = copy.generate(ids, max_new_tokens=n_new, do_sample=False, pad_token_id=0)[0, 250:].tolist()
+    assert got == generate(model, ids, GenerateConfig(max_new_tokens=n_new, greedy=True))[0].tokens
+    if variant == "retro":  # BM25 over the whole sequence (no cache): rpt's own logits
+        with torch.no_grad():
+            torch.testing.assert_close(copy(ids).logits, RPTForCausalLM.from_rpt_model(model)(ids).logits)
+
+
+def test_the_code_may_import_only_torch_transformers_and_numpy():
+    """The check every export runs on its code: the standard library, torch, numpy, transformers and the folder's own
+    files; an optional package only after `require` in the same function (as rpt imports Faiss)."""
+    from rpt.hf.bundle import check_imports
+
+    check_imports({"a.py": "import torch\nfrom .b import x\n",
+                   "b.py": "import numpy as np\nx = 1\ndef f():\n    require('faiss')\n    import faiss\n"})
+    for bad in ("import scipy.sparse\n", "from rpt.config import ModelConfig\n", "from .missing import x\n",
+                "def f():\n    import faiss\n"):
+        with pytest.raises(ValueError):
+            check_imports({"a.py": bad})
+
+
+@pytest.mark.slow
+def test_export_loads_and_generates_without_rpt(exported, store, tmp_path):
+    """In a fresh Python where `import rpt` fails: AutoModelForCausalLM.from_pretrained(folder,
+    trust_remote_code=True) loads the tiny rpt-sem run's export, and greedy generate() gives `rpt.generate`'s tokens;
+    AutoTokenizer encodes as the run's tokenizer. (A fresh interpreter loading torch and transformers: ~15 s.)"""
+    from hf_helpers import generate_without_rpt
+
+    ids = prompt_ids(store)
+    out = generate_without_rpt(exported["rpt-sem"]["folder"], ids, 90, tmp_path, text=TEXT[:500])
+    assert out["module"].startswith("transformers_modules.") and out["rpt"] == []
+    assert out["tokens"] == rpt_greedy(exported["rpt-sem"]["run"], ids, 90).tokens
+    assert out["encoded"] == store["tok"].encode(TEXT[:500])
+
+
+def test_the_record_names_the_store_s_corpus_and_tokenizer(store, tmp_path):
+    """config.json's record of the run (`rpt`) takes the corpus and tokenizer from the prepare.json of the store the
+    run trained on, where it holds the run's tokenizer; the run's config names neither here (the preset's)."""
+    import shutil
+
+    from rpt import checkpoint as ckpt
+    from rpt.cli import main
+    from rpt.hf.export import prepared_data
+    from rpt.model.registry import build_model
+
+    prepared = tmp_path / "prepared"
+    shutil.copytree(store["store"], prepared)
+    tok = store["tok"].identity
+    (prepared / "prepare.json").write_text(json.dumps({"corpus": {"spec": "docs.jsonl"},
+                                                       "tokenizer": {**tok, "name": "bpe:400/0123abcd"}}))
+    cfg = RPTConfig.from_preset("tiny", variant="xl", vocab_size=512)
+    cfg.data.store = str(prepared)
+    assert (cfg.data.corpus, cfg.data.tokenizer) == ("stdlib", "bpe:2048")  # the preset's, not the store's
+    ckpt.save(tmp_path / "run", 1, build_model(cfg.model, seed=0).state_dict(), {}, cfg, [ckpt.rng_state()], {})
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    record = json.loads((tmp_path / "hf" / "config.json").read_text())["rpt"]
+    assert (record["data"]["corpus"], record["data"]["tokenizer"]) == ("docs.jsonl", "bpe:400/0123abcd")
+    assert record["tokenizer"] == {**tok, "name": "bpe:400/0123abcd"}
+    assert "corpus `docs.jsonl`" in (tmp_path / "hf" / "README.md").read_text()
+    # another tokenizer's store (rebuilt since), no store, no prepare.json: the run's config as it is
+    assert prepared_data(str(prepared), "another hash") == {}
+    assert prepared_data(str(tmp_path / "nowhere"), tok["hash"]) == {}
+    assert prepared_data(str(store["store"]), tok["hash"]) == {}
+    assert prepared_data(str(prepared / "test"), tok["hash"]) == {"corpus": "docs.jsonl", "tokenizer": "bpe:400/0123abcd"}
 
 
 def test_batch_sampling_and_uncached_generate():
@@ -276,4 +402,4 @@ def test_import_rpt_registers_without_loading_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "RPTHFConfig"
-    assert rpt.hf_auto is not None
+    assert rpt.hf is not None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-HELP = ("write a checkpoint as a Hugging Face folder (safetensors weights, config.json, tokenizer, README.md model "
-        "card) that AutoModelForCausalLM and AutoTokenizer load after `import rpt`")
+HELP = ("write a checkpoint as a Hugging Face folder (safetensors weights, config.json, tokenizer, the model's code, "
+        "README.md model card) that AutoModelForCausalLM and AutoTokenizer load, without rpt with "
+        "trust_remote_code=True")
 ORDER = 56
 FLAGS = {"path": "RUN_OR_CHECKPOINT"}  # library argument -> flag, where not --<argument> (rpt.utils.ArgumentError)
 
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rpt.export import export
+    from rpt.hf.export import export
 
     out = export(args.checkpoint, args.out, force=args.force)
     print(f"exported {args.checkpoint} to {out}")

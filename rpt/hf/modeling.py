@@ -1,4 +1,4 @@
-"""Hugging Face `transformers` integration: every variant as an `AutoModelForCausalLM` (no trust_remote_code).
+"""Hugging Face `transformers` integration: every variant as an `AutoModelForCausalLM`.
 
     import rpt  # registers model_type "rpt" with AutoConfig and AutoModelForCausalLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -6,7 +6,10 @@
     tok = AutoTokenizer.from_pretrained("exported/")
     out = model.generate(tok("def f(x):", return_tensors="pt").input_ids, max_new_tokens=50, do_sample=False)
 
-`RPTHFConfig` carries the ModelConfig (every field, as saved; `to_model_config` gives it back exactly).
+Without rpt, the folder's own copy of this code loads instead: `from_pretrained("exported/", trust_remote_code=True)`
+(rpt.hf.bundle writes it; this file is its modeling_rpt.py and imports only torch, transformers, numpy and the model's
+own code).
+
 `RPTForCausalLM` wraps the model that `rpt.model.registry.build_model` builds (`.model`) and computes what it computes:
 
     no cache         `model.forward` over the whole sequence (differentiable: training, scoring)
@@ -23,68 +26,32 @@ length at a time), inputs_embeds, and attention / hidden-state outputs.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
+import importlib
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from rpt.config import ModelConfig, from_dict
+from rpt.config import ModelConfig, check_neighbors
+from rpt.hf.configuration import MODEL_TYPE, RPTHFConfig
+from rpt.model.decoder import label_targets
+from rpt.model.loss import lm_loss
+from rpt.model.registry import build_model
 
-MODEL_TYPE = "rpt"
-_MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+# this module inside rpt (True), or the copy in an exported folder, loaded by transformers as remote code (False)
+IN_RPT = __name__ == "rpt.hf.modeling"
 # the name of the cache in model outputs and generate's model kwargs: "cache" in recent transformers, "past_key_values"
 # before
 CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 _IGNORED_INPUTS = ("position_ids", "cache_position", "token_type_ids", "logits_to_keep", "num_logits_to_keep")
 
 
-def _model_defaults() -> dict[str, Any]:
-    return dataclasses.asdict(ModelConfig())
-
-
-class RPTHFConfig(PretrainedConfig):
-    """The model section of an RPTConfig (rpt.config.ModelConfig), one attribute per field, plus what transformers
-    reads. `rpt` holds what the export recorded about the run (variant, preset, store, step), for information only."""
-
-    model_type = MODEL_TYPE
-    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
-                     "intermediate_size": "mlp_hidden"}
-
-    def __init__(self, **kwargs: Any) -> None:
-        defaults = _model_defaults()
-        for name in _MODEL_FIELDS:
-            value = kwargs.pop(name, defaults[name])
-            setattr(self, name, list(value) if isinstance(value, (list, tuple)) else value)
-        self.rpt = kwargs.pop("rpt", None) or {}
-        kwargs.setdefault("tie_word_embeddings", False)  # the model reads its embedding as the output layer itself
-        kwargs.setdefault("is_decoder", True)
-        super().__init__(**kwargs)
-
-    @classmethod
-    def from_model_config(cls, mcfg: ModelConfig, **kwargs: Any) -> RPTHFConfig:
-        return cls(**dataclasses.asdict(mcfg), **kwargs)
-
-    def to_model_config(self) -> ModelConfig:
-        """The ModelConfig, type-checked and validated as a config file would be."""
-        mcfg = from_dict(ModelConfig, {name: getattr(self, name) for name in _MODEL_FIELDS}, "model")
-        mcfg.validate()
-        return mcfg
-
-    def to_diff_dict(self) -> dict[str, Any]:
-        # every model field, defaults included: a config must keep its meaning when ModelConfig's defaults change
-        d = super().to_diff_dict()
-        d.update({name: getattr(self, name) for name in _MODEL_FIELDS})
-        if self.rpt:
-            d["rpt"] = self.rpt
-        return d
-
-
 class DocumentCache:
     """One batch of documents being continued: the model's own cache (`model.new_cache()`), plus, for retro, the
-    token history its BM25 neighbours are computed from (`rpt.decoding.Bm25Neighbours`, as `rpt generate` does).
+    token history its BM25 neighbours are computed from (those of `rpt generate`, with NumPy alone:
+    `rpt.labels.bm25.bm25_neighbors_dense`).
 
     Rows advance in lockstep; the cache cannot be cropped, split into beams or reordered."""
 
@@ -98,12 +65,10 @@ class DocumentCache:
         self.batch_size = batch_size
         self.n_neighbors = n_neighbors or cfg.n_neighbors
         self.state = model.new_cache(memory)
-        self.bm25 = None
+        self.retro = cfg.variant == "retro"
+        self.M, self.S = cfg.chunk_size, cfg.segment_len
         self.history: list[list[int]] = [[] for _ in range(batch_size)]
-        if cfg.variant == "retro":
-            from rpt.decoding import Bm25Neighbours
-
-            self.bm25 = Bm25Neighbours(batch_size, cfg.chunk_size, cfg.segment_len, self.n_neighbors)
+        self.bm25: list[np.ndarray] = [np.full((0, self.n_neighbors), -1, np.int64) for _ in range(batch_size)]
 
     @property
     def pos(self) -> int:
@@ -121,22 +86,28 @@ class DocumentCache:
 
     def neighbor_ids(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """retro: the BM25 neighbour ids covering every chunk that input_ids (about to be stepped) finish."""
-        if self.bm25 is None:
+        if not self.retro:
             return None
-        for row, ids in zip(self.history, input_ids.tolist(), strict=True):
+        n_chunks = (self.pos + input_ids.shape[1]) // self.M
+        for b, (row, ids) in enumerate(zip(self.history, input_ids.tolist(), strict=True)):
             row.extend(ids)
-        self.bm25.update(self.history, self.pos + input_ids.shape[1])
-        return self.bm25.ids(input_ids.device)
+            have = len(self.bm25[b])
+            if have < n_chunks:  # a chunk's neighbours depend only on the text up to its end: computed once
+                from rpt.labels.bm25 import bm25_neighbors_dense  # (rpt's module imports SciPy: not at import time)
+
+                new = bm25_neighbors_dense(np.asarray(row[: n_chunks * self.M], dtype=np.int64), self.M, self.S,
+                                           self.n_neighbors, first=have)
+                self.bm25[b] = np.concatenate([self.bm25[b], new])
+        return torch.from_numpy(np.stack(self.bm25)).to(input_ids.device)  # [B, C, K]
 
 
 def _bm25_forward_ids(input_ids: torch.Tensor, cfg: ModelConfig, k: int) -> torch.Tensor:
     """retro without a cache: each row's BM25 neighbours over its whole sequence ([B, C, k], causal statistics, as
     `rpt eval --source bm25`; a chunk's ids depend only on the text up to its end)."""
-    import numpy as np
+    from rpt.labels.bm25 import bm25_neighbors_dense
 
-    from rpt.labels.bm25 import bm25_neighbors
-
-    rows = [bm25_neighbors(np.asarray(r, dtype=np.int64), cfg.chunk_size, cfg.segment_len, k) for r in input_ids.tolist()]
+    rows = [bm25_neighbors_dense(np.asarray(r, dtype=np.int64), cfg.chunk_size, cfg.segment_len, k)
+            for r in input_ids.tolist()]
     return torch.from_numpy(np.stack(rows)).long().to(input_ids.device)
 
 
@@ -161,8 +132,6 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         """model: an rpt model built from config.to_model_config() (e.g. loaded from a checkpoint); None builds one
         (initialised from seed 0; from_pretrained then loads the weights)."""
         super().__init__(config)
-        from rpt.model.registry import build_model
-
         self.model = model if model is not None else build_model(config.to_model_config(), seed=0)
         self.post_init()
 
@@ -173,8 +142,6 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         the parts the retrofit adds."""
         model = super().from_pretrained(*args, **kwargs)
         if getattr(model.config, "backbone", ""):
-            from rpt.model.registry import build_model
-
             new = model.model.state_dict()  # the retrofit's own tensors (RetrofitRPT.state_dict), loaded
             full = build_model(model.config.to_model_config(), seed=0)
             full.load_state_dict(new)
@@ -236,8 +203,6 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("input_ids: required")
         check_attention_mask(attention_mask)
         if n_neighbors is not None:
-            from rpt.config import check_neighbors
-
             check_neighbors(n_neighbors, "n_neighbors")
         model, cfg = self.model, self.model.cfg
         if cache is not None and not isinstance(cache, DocumentCache):
@@ -268,9 +233,6 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
             logits = model(input_ids, **retrieval).logits
         loss = None
         if labels is not None:
-            from rpt.model.decoder import label_targets
-            from rpt.training.losses import lm_loss
-
             targets, mask = label_targets(labels, input_ids, None)  # the model's own loss (`forward(labels=)`)
             loss = lm_loss(logits, targets, mask).mean()
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
@@ -324,7 +286,16 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
             kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(inputs, generation_config, **kwargs)
 
-    # -- construction from rpt checkpoints ---------------------------------------------------------------------
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """transformers' `save_pretrained`; the folder also gets the model's code (configuration_rpt.py,
+        modeling_rpt.py and what they import, with `auto_map` in config.json: rpt.hf.bundle), so that it loads
+        without rpt, with trust_remote_code=True. (The copy in such a folder is saved with its code by transformers.)"""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if IN_RPT and kwargs.get("is_main_process", True):
+            # by name: the copy of this file in an exported folder must not import rpt
+            importlib.import_module("rpt.hf.bundle").write_code(save_directory)
+
+    # -- construction from rpt models ----------------------------------------------------------------------------
     @classmethod
     def from_rpt_model(cls, model: torch.nn.Module, **config_kwargs: Any) -> RPTForCausalLM:
         """Wrap an rpt model (its weights are shared, not copied)."""
@@ -332,42 +303,8 @@ class RPTForCausalLM(PreTrainedModel, GenerationMixin):
         hf = cls(config, model=model)
         return hf.to(next(model.parameters()).device).eval()
 
-    @classmethod
-    def from_rpt_checkpoint(cls, path: str | Path, device: str | torch.device = "cpu") -> RPTForCausalLM:
-        """A checkpoint folder, its model.safetensors or a run folder (its newest checkpoint), without optimizer state."""
-        from rpt.checkpoint import load_model
 
-        model, _ = load_model(path, device)
-        return cls.from_rpt_model(model)
-
-
-def hf_tokenizer(tokenizer: Any) -> Any:
-    """An rpt tokenizer (rpt.data.tokenizer.Tokenizer), a tokenizers.Tokenizer or a tokenizer.json path as a
-    PreTrainedTokenizerFast (what AutoTokenizer loads back), its end-of-text token as eos when it has one."""
-    import tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from rpt.data.tokenizer import EOS
-
-    if isinstance(tokenizer, (str, Path)):
-        tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
-    tok = getattr(tokenizer, "tok", tokenizer)  # our Tokenizer wraps a tokenizers.Tokenizer
-    special = {"eos_token": EOS} if tok.token_to_id(EOS) is not None else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
-
-
-_registered = False
-
-
-def register() -> None:
-    """Register model_type "rpt" with AutoConfig and AutoModelForCausalLM (idempotent)."""
-    global _registered
-    if _registered:
-        return
+if IN_RPT:  # not in the copy of an exported folder: that would claim model type "rpt" for every folder loaded after it
     AutoConfig.register(MODEL_TYPE, RPTHFConfig, exist_ok=True)
     AutoModelForCausalLM.register(RPTHFConfig, RPTForCausalLM, exist_ok=True)
-    _registered = True
-
-
-register()
-_READY = True  # read by rpt.hf_auto: this module has finished importing (and registered)
+_READY = True  # read by rpt.hf.register_now: this module has finished importing (and registered)

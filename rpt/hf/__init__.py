@@ -1,8 +1,15 @@
-"""Registration of model_type "rpt" with transformers' Auto classes, without importing transformers at `import rpt`.
+"""Hugging Face: an RPT model as a transformers `AutoModelForCausalLM`, and `rpt export`.
 
-`import rpt` stays light (the CLI starts in a fraction of a second); transformers and torch load only when something
-imports transformers. `install()` (called by `import rpt`) registers at once when transformers is already imported,
-and otherwise hooks its first import: once the `transformers` package has loaded, `rpt.hf` is imported, which registers
+    configuration.py   RPTHFConfig: the model section of a run as a transformers config
+    modeling.py        RPTForCausalLM (generate() with the model's own document cache) and DocumentCache
+    bundle.py          the model's code for an exported folder: configuration_rpt.py, modeling_rpt.py and the rpt
+                       modules they import, their imports of rpt made relative, so that the folder loads without rpt
+                       (`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`)
+    export.py          `rpt export`: a checkpoint as such a folder (weights, config, tokenizer, code, model card)
+
+This module stays light: `import rpt` calls `install()`, which registers model_type "rpt" with transformers' Auto
+classes without importing transformers. It registers at once when transformers is already imported, and otherwise hooks
+its first import: once the `transformers` package has loaded, rpt.hf.modeling is imported, which registers
 `RPTHFConfig` with AutoConfig and `RPTForCausalLM` with AutoModelForCausalLM. A failure there is a warning, never a
 broken transformers import.
 """
@@ -17,15 +24,26 @@ import warnings
 from typing import Any
 
 _PACKAGE = "transformers"
+_MODELING = "rpt.hf.modeling"
+
+# name -> module; imported on first use
+_LAZY = {"RPTHFConfig": "rpt.hf.configuration", "MODEL_TYPE": "rpt.hf.configuration", "RPTForCausalLM": _MODELING,
+         "DocumentCache": _MODELING, "hf_tokenizer": "rpt.hf.export", "write_code": "rpt.hf.bundle"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rpt.hf' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 def register_now() -> None:
-    """Import rpt.hf (it registers when its import finishes); a no-op while rpt.hf is itself being imported."""
-    mod = sys.modules.get("rpt.hf")
+    """Import rpt.hf.modeling (it registers when its import finishes); a no-op while it is itself being imported."""
+    mod = sys.modules.get(_MODELING)
     if mod is not None and not getattr(mod, "_READY", False):
-        return  # rpt.hf imported transformers: it registers itself at its end
+        return  # rpt.hf.modeling imported transformers: it registers itself at its end
     try:
-        importlib.import_module("rpt.hf")
+        importlib.import_module(_MODELING)
     except Exception as e:  # an incompatible transformers: warn, never break the user's import
         from rpt.utils import RPTWarning, error_line
 

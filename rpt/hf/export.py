@@ -1,11 +1,16 @@
-"""`rpt export`: a checkpoint as a self-contained Hugging Face folder (rpt/hf.py), without optimizer state.
+"""`rpt export`: a checkpoint as a self-contained Hugging Face folder, without optimizer state.
 
-    <out>/config.json              RPTHFConfig: the model section of the run's config, every field
+    <out>/config.json              RPTHFConfig: the model section of the run's config, every field; `rpt`: what the
+                                   export recorded of the run (its corpus and tokenizer as the token store's
+                                   prepare.json names them); `auto_map`: the code below
     <out>/generation_config.json   eos = the tokenizer's end-of-text token; ids past the tokenizer's vocabulary (spare
                                    embedding rows) suppressed, as `rpt generate` never samples them
     <out>/model.safetensors        the weights
     <out>/tokenizer.json, tokenizer_config.json, special_tokens_map.json
                                    the run's tokenizer as a PreTrainedTokenizerFast (AutoTokenizer loads it)
+    <out>/configuration_rpt.py, modeling_rpt.py, rpt_*.py
+                                   the model's code (rpt.hf.bundle), so that the folder loads without rpt:
+                                   `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`
     <out>/README.md                a model card: variant, preset, parameters, training data and steps, and the
                                    figures of any `rpt eval` result found beside the checkpoint
 
@@ -69,6 +74,7 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]], out_name: str) -> str:
     v = info["variant"]
+    corpus = f"corpus `{info['corpus']}`, " if info.get("corpus") else ""
     lines = [
         "---",
         "library_name: transformers",
@@ -92,7 +98,7 @@ def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]],
         f"| width / layers / heads | {info['d_model']} / {info['n_layers']} / {info['n_heads']} |",
         f"| chunk / segment | {info['chunk_size']} / {info['segment_len']} tokens |",
         f"| vocabulary | {info['vocab_size']:,} (tokenizer `{info['tokenizer'] or 'not found'}`) |",
-        f"| training data | store `{info['store']}`, spans of {info['seq_len']:,} tokens |",
+        f"| training data | {corpus}store `{info['store']}`, spans of {info['seq_len']:,} tokens |",
         f"| training steps | {_fmt(info['step'])} of {info['planned_steps']:,} planned |",
         f"| checkpoint | `{info['checkpoint']}` |",
         *([f"| backbone | `{info['backbone']}`: a pretrained model retrofitted with retrieval; its weights are not in "
@@ -125,14 +131,17 @@ def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]],
         "## Use",
         "",
         "```python",
-        "import rpt  # registers the model type with transformers' Auto classes",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
-        f'model = AutoModelForCausalLM.from_pretrained("{out_name}")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{out_name}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{out_name}", trust_remote_code=True)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{out_name}", trust_remote_code=True)',
         'ids = tokenizer("def parse(text):", return_tensors="pt").input_ids',
         "print(tokenizer.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))",
         "```",
+        "",
+        "The folder carries the model's code (`configuration_rpt.py`, `modeling_rpt.py` and the `rpt_*.py` files they "
+        "import: torch, transformers and numpy only), hence `trust_remote_code=True`; where `rpt` is installed and "
+        "imported, transformers uses rpt's own classes instead and the flag is not needed.",
         "",
         "Generation continues the model's own document cache: every finished chunk enters the document memory and "
         "retrieves, as `rpt generate` does. Beam search and padded batches (an attention mask with zeros) are refused: "
@@ -140,6 +149,39 @@ def model_card(info: dict[str, Any], results: list[tuple[Path, dict[str, Any]]],
         "",
     ]
     return "\n".join(lines)
+
+
+def prepared_data(store: str, tokenizer_hash: str | None) -> dict[str, str]:
+    """The corpus and tokenizer of the token store a run trained on, as `rpt prepare` recorded them in the store's
+    prepare.json ({"corpus": spec, "tokenizer": name}), where that store is still there and holds tokens of the run's
+    tokenizer (same hash); {} otherwise. A run's config may not say them: `rpt train` on a store takes the store as it
+    is, whatever data.corpus and data.tokenizer hold (their defaults, stdlib and bpe:8192, or a preset's)."""
+    if not store or tokenizer_hash is None:
+        return {}
+    for folder in (Path(store), Path(store).parent):  # the store, or the store of which it is a split
+        try:
+            prepared = json.loads((folder / "prepare.json").read_text())
+            corpus, tok = prepared["corpus"]["spec"], prepared["tokenizer"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+        if isinstance(tok, dict) and tok.get("hash") == tokenizer_hash and isinstance(corpus, str):
+            return {"corpus": corpus, "tokenizer": str(tok.get("name"))}
+    return {}
+
+
+def hf_tokenizer(tokenizer: Any) -> Any:
+    """An rpt tokenizer (rpt.data.tokenizer.Tokenizer), a tokenizers.Tokenizer or a tokenizer.json path as a
+    PreTrainedTokenizerFast (what AutoTokenizer loads back), its end-of-text token as eos when it has one."""
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rpt.data.tokenizer import EOS
+
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
+    tok = getattr(tokenizer, "tok", tokenizer)  # our Tokenizer wraps a tokenizers.Tokenizer
+    special = {"eos_token": EOS} if tok.token_to_id(EOS) is not None else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
 
 
 def _is_export(folder: Path) -> bool:
@@ -161,7 +203,7 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     folder holding anything else, or the checkpoint itself, is refused."""
     from rpt.checkpoint import missing_checkpoint, read_state
     from rpt.decoding import load_checkpoint
-    from rpt.hf import RPTForCausalLM, hf_tokenizer
+    from rpt.hf.modeling import RPTForCausalLM
     from rpt.model.registry import spec
 
     path, out = Path(path), Path(out)
@@ -186,10 +228,15 @@ def export(path: str | Path, out: str | Path, force: bool = False) -> Path:
     if tok is None:
         warnings.warn(f"no tokenizer found for {folder} (neither beside it nor beside its store {cfg.data.store}): "
                       f"{out} holds no tokenizer", RPTWarning, stacklevel=2)
+    prepared = prepared_data(cfg.data.store, tok.hash if tok is not None else None)
+    data = {**dataclasses.asdict(cfg.data), **prepared}
+    if tok is not None:
+        info["tokenizer"] = prepared.get("tokenizer", tok.name)
+    info["corpus"] = prepared.get("corpus")
     record = {k: info[k] for k in ("variant", "preset", "store", "step", "checkpoint")}
-    record["tokenizer"] = tok.identity if tok is not None else None
+    record["tokenizer"] = {**tok.identity, "name": info["tokenizer"]} if tok is not None else None
     record["train"] = dataclasses.asdict(cfg.train)
-    record["data"] = dataclasses.asdict(cfg.data)
+    record["data"] = data
     hf = RPTForCausalLM.from_rpt_model(model, rpt=record)
     if tok is not None:
         eos = tok.tok.token_to_id("<|endoftext|>")
