@@ -7,7 +7,7 @@ through `rpt.cli.main` with flags appended that only make it small (fewer docume
 win in argparse, and none of them changes what the command means. docs/cli.md's `--corpus stdlib` reads a few short
 modules of the same standard library (`stdlib:<names>`): every later command reads test document 0, and
 the full library's (enum, 38k tokens) would make this test take minutes. Not run here, each covered elsewhere: `torchrun`
-(8 GPUs), `python -m lab demo` (tests/test_demo.py), `python -m lab copytest` (tests/test_copytest.py), `python -m lab
+(8 GPUs), `python -m lab demo` (tests/lab/test_demo.py), `python -m lab copytest` (tests/lab/test_copytest.py), `python -m lab
 bench` (minutes of timing).
 """
 
@@ -91,7 +91,7 @@ def test_readme_quickstart_runs_in_order(tmp_path, monkeypatch, capsys):
 
 
 def test_every_readme_command_is_tested():
-    """Every `rpt` command in README.md is the quickstart's (run above) or the demo (tests/test_demo.py)."""
+    """Every `rpt` command in README.md is the quickstart's (run above) or the demo (tests/lab/test_demo.py)."""
     text = README.read_text()
     allowed = set(quickstart_commands()) | {"lab demo"}
     found = {c for c in commands_in(text)}
@@ -117,7 +117,7 @@ def test_readme_pipeline_commands_run_in_order(tmp_path, monkeypatch, capsys):
             extra = ["--corpus", SHORT_STDLIB]
         if verb == "sweep":  # its own flags go before `--` (after it, SMALL's are train arguments); the test split
             extra = ["--max-documents", "1", "--seeds", "0"]  # is labelled for its first document only (above)
-            extra += ["--dry-run"]  # its plan: every run and evaluation it would make (tests/test_sweep.py runs them)
+            extra += ["--dry-run"]  # its plan: every run and evaluation it would make (tests/lab/test_sweep.py runs them)
             i = argv.index("--")
             argv = [*argv[:i], *extra, *argv[i:]]
             extra = []

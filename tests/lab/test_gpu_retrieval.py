@@ -5,7 +5,7 @@ In the default suite it runs dry with a stand-in `rpt` that records its commands
 measured setting of docs/results/retrieval.md (SmolLM2 labels at k = 20, exhaustive gold on a quarter of the test
 chunks, xl and rpt-sem at the small preset, 3 seeds) and each parses. The same commands run for real on a CPU at a
 tiny size under -m slow here; the sweep with exhaustive gold, chance levels and the random control runs by default
-in tests/test_sweep.py."""
+in tests/lab/test_sweep.py."""
 
 import json
 import os
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from cli_parsers import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RPT = Path(sys.executable).parent / "rpt"
 
 

@@ -2,7 +2,7 @@
 
 In the default suite the script runs with stand-ins for rpt and python that record its commands: each parses, and the
 kernels stage's command runs here on the CPU and the scale stage's with --estimate-only (the measurement behind it,
-each variant in its own process, runs in tests/test_bench_scale.py). Under -m slow its stages run, dry, on a CPU at a
+each variant in its own process, runs in tests/lab/test_bench_scale.py). Under -m slow its stages run, dry, on a CPU at a
 tiny size."""
 
 import json
@@ -15,7 +15,7 @@ import pytest
 import torch
 from cli_parsers import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 

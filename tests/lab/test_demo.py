@@ -91,7 +91,7 @@ def test_bench_training_rows_on_a_store_made_by_the_pipeline(tmp_path, capsys):
                  "--batch-size", "1", "--rounds", "1", "--eval-lengths", "512,1024", "--skip-labels", "--out", str(bench)]) == 0
     b = json.loads(bench.read_text())
     assert set(b["training"]["variants"]) == set(VARIANTS)  # the baselines beside RPT's four
-    assert b["training"]["rounds"] == 1  # rounds in alternating order: tests/test_bench_training.py
+    assert b["training"]["rounds"] == 1  # rounds in alternating order: tests/lab/test_bench_training.py
     xl = b["training"]["variants"]["xl"]["seconds_per_update"]
     for v, x in b["training"]["variants"].items():  # each variant's time over xl's
         assert x["seconds_per_update"] > 0 and x["time_vs_xl"] == pytest.approx(x["seconds_per_update"] / xl), v

@@ -3,8 +3,8 @@ scorer, sem labels, the sweep and the table; run again, it redoes nothing.
 
 In the default suite the script runs dry, with a stand-in `rpt` that records its commands: each parses, they come in
 order with the right scorer, labels and paper figures, and a second run runs only the two sweeps, with the same
-arguments (a finished sweep redoes nothing: tests/test_sweep.py). The same script runs end to end on a CPU in
-tests/test_gpu_retrieval.py (scripts/gpu_retrieval.sh is this script with other settings) and, at these settings,
+arguments (a finished sweep redoes nothing: tests/lab/test_sweep.py). The same script runs end to end on a CPU in
+tests/lab/test_gpu_retrieval.py (scripts/gpu_retrieval.sh is this script with other settings) and, at these settings,
 under -m slow here."""
 
 import json
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_parsers import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RPT = Path(sys.executable).parent / "rpt"
 SPEC = "synthetic:copy-far?docs=6&eval_docs=2&passages=8&passage=64&distance=2-4"
 SETTINGS = {"STEPS": "2", "SEEDS": "0", "VARIANTS": "xl,retro,rpt-sem", "SEQ_LEN": "512", "SEGMENT": "64"}

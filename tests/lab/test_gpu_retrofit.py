@@ -11,7 +11,7 @@ import pytest
 import torch
 from cli_parsers import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_retrofit.sh"
 
 

@@ -23,7 +23,7 @@ def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch, be
 def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch, benchmark_script):
     """Each probe's process starts with its own allocator setting, the two alternating by round. The probes are
     scripted here (each is `measure_step`, a fresh process reading MALLOC_MMAP_THRESHOLD_ when it starts, run for real
-    by tests/test_bench_scale.py); their arguments must bind to `probe_step`'s."""
+    by tests/lab/test_bench_scale.py); their arguments must bind to `probe_step`'s."""
     import inspect
     import os
 

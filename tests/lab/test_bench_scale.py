@@ -15,9 +15,9 @@ from rpt.training.footprint import estimate_step_memory
 def test_bench_scale_measures_each_variant_in_its_own_process(tmp_path, capsys):
     """Two probes: rpt-sem with tiny's full-logit loss (its retrieval loss too) and the extra xl row with the chunked
     loss, each in a process of its own (a probe is a fresh process: 5 s on 2 cores; 11 s here). By default a probe runs
-    for real, its peak against the estimate, in tests/test_memory_benchmarks.py; the rows and ratios built from the
+    for real, its peak against the estimate, in tests/lab/test_memory_benchmarks.py; the rows and ratios built from the
     probes' figures in test_bench_scale_compile_both_compares_within_each_mode below; the command's rows with
-    --estimate-only in tests/test_gpu_check.py."""
+    --estimate-only in tests/lab/test_gpu_check.py."""
     out = tmp_path / "scale.json"
     code = main(["bench", "--scale", "--preset", "tiny", "--seq-len", "512", "--batch-size", "1", "--vocab-size", "256",
                  "--variants", "rpt-sem", "--steps", "2", "--loss-chunks", "128", "--memory-budget", "2",

@@ -10,7 +10,7 @@ from lab.cli import main
 from lab.copytest import CopyTestSettings, far_distance, run_copytest
 
 
-@pytest.mark.slow  # 11 s; tests/test_demo.py runs the copy test end to end at a smaller size
+@pytest.mark.slow  # 11 s; tests/lab/test_demo.py runs the copy test end to end at a smaller size
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
     # rpt-lex is rpt-sem with other labels (tests/model/test_model.py): retro and rpt-sem cover both label kinds
     s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=1, eval_docs=1, scorer_k=2, progress=False,
