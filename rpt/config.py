@@ -87,17 +87,17 @@ class ModelConfig:
     # CCA's value and output projections: "identity": out @ value = cca_ov_scale * I (an orthogonal draw and its
     # transpose), so a read neighbour token's state is added to the query's residual as it is | independent draws
     cca_ov_init: Literal["random", "identity"] = "identity"
-    cca_ov_scale: float = 0.05
+    cca_ov_scale: float = 0.05  # that identity's scale: how much of a read neighbour state the first update adds
     cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
-    dropout: float = 0.05
+    dropout: float = 0.05  # residual dropout of every sublayer (and of attention, with attn_dropout -1)
     # dropout on the attention probabilities (-1: `dropout`, the paper's one rate). 0 keeps every attention call on a
     # fused kernel on a CPU, which has none with attention dropout: xl's step at the small preset ~2x faster there
     # (docs/results/speed.md#attention-kernels); GPUs' fused kernels take dropout
     attn_dropout: float = -1.0
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
+    rope_base: float = 10000.0  # rotary position embedding's base (RoFormer's theta)
+    norm_eps: float = 1e-6  # RMSNorm's epsilon
+    init_std: float = 0.02  # std of the normal draws of the weights (output projections: / sqrt(2 n_layers), GPT-2 style)
     # --- the baselines (Table 2); each field is read by its own variant only -------------------------------------
     memory_layer: int = -1  # memorizing: the layer that also reads the kNN memory (-1: n_layers - 4, Wu et al.'s 9th of 12)
     memory_topk: int = 32  # memorizing: memory entries each query token reads (Wu et al.: 32)
@@ -233,16 +233,16 @@ class DataConfig:
 class TrainConfig:
     """The optimisation of §3.3-3.4 and App. A."""
 
-    steps: int = 1000
+    steps: int = 1000  # optimiser updates of the run
     batch_size: int = 1  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per update
     lr: float = 5e-3  # peak learning rate (App. A)
     min_lr_ratio: float = 0.1  # cosine decay to 0.1 x peak
-    warmup_steps: int = 100
+    warmup_steps: int = 100  # linear learning-rate warm-up from 0 to lr, then the cosine decay
     optimizer: Literal["adamw", "adabelief"] = "adabelief"
-    weight_decay: float = 1e-8
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 1.0
+    weight_decay: float = 1e-8  # decoupled weight decay of both optimisers (App. A)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # the optimiser's moment decays (beta1, beta2)
+    grad_clip: float = 1.0  # the global gradient norm is clipped to this
     tau_max: float = 2.0  # LambdaRank margin at the end of training (2 for code, 4 PG19, 8 ArXiv, 128 Books3)
     # LambdaRank's gains: linear (g = s_t, or the BM25 score for rpt-lex) | exponential (2^g - 1, the authors' code)
     lambdarank_gain: Literal["linear", "exponential"] = "linear"
@@ -262,7 +262,7 @@ class TrainConfig:
     # (the tiny preset uses 0)
     neighbor_lr_scale: float = 1.0  # learning-rate multiplier of CCA, the neighbour gate and the query augmentation
     gate_hold_steps: int = 0  # the neighbour gate's parameters stay at their initial values for this many updates
-    seed: int = 0
+    seed: int = 0  # weights, data order, scheduled sampling and dropout: one seed, one run
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 autocast is for GPUs
     # torch.compile the model in place (its state_dict keys do not change); the first update pays the compilation
     compile: bool = False
@@ -273,27 +273,27 @@ class TrainConfig:
     # model.safetensors; the tensors whose name and shape match are loaded (not the optimiser, step or RNG), the rest
     # initialised as usual. A run that resumes from checkpoints in out_dir ignores it. Empty: from scratch
     init_from: str = ""
-    out_dir: str = "runs/rpt"
-    checkpoint_every: int = 100
-    keep_last: int = 3
+    out_dir: str = "runs/rpt"  # the run folder: config.yaml, log.jsonl, checkpoints/, best/
+    checkpoint_every: int = 100  # updates between checkpoints (and one at the end)
+    keep_last: int = 3  # checkpoints kept in checkpoints/; older ones are deleted (best/ stays)
     # validation: the LM loss on the first val_sequences sequences of the store's validation split every val_every
     # updates and at the end, each with a checkpoint; the one of the lowest loss is kept in <out_dir>/best.
     # -1 (default): at every checkpoint when the store has a validation split, else never; 0: never
     val_every: int = -1
-    val_sequences: int = 16
-    log_every: int = 10
-    tensorboard: bool = False
+    val_sequences: int = 16  # sequences of the validation split the validation loss is measured on
+    log_every: int = 10  # updates per line of log.jsonl (means over those updates)
+    tensorboard: bool = False  # also write the log's scalars as TensorBoard events into <out_dir>/tensorboard
     # log the scalars of log.jsonl to Weights & Biases too (pip install 'rpt[wandb]'): online when logged in, else
     # offline (and with WANDB_MODE=offline); an unreachable W&B falls back to offline, never stops the run
     wandb: bool = False
-    wandb_project: str = "rpt"
+    wandb_project: str = "rpt"  # the W&B project of wandb
 
 
 @dataclass
 class EvalConfig:
     """Long-document evaluation (§3.4 'Retrieval at inference time'): the defaults of `rpt eval --config`."""
 
-    split: str = "test"
+    split: str = "test"  # the store's split evaluated
     n_neighbors: int = 2  # K at inference: 1 .. MAX_NEIGHBORS (the paper: 2, 3 or 4)
     # neighbours fed to CCA; auto: the variant's own (model for rpt-*, bm25 for retro, none for the rest)
     source: Literal["auto", "model", "bm25", "oracle", "dpr", "random", "none"] = "auto"

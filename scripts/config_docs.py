@@ -73,14 +73,14 @@ def comments(cls_name: str) -> dict[str, str]:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         i = node.lineno - 1
-        above = []
+        block = []  # the comment lines right above the field
         j = i - 1
         while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# ---"):
-            text = lines[j].strip()[1:]
-            if text.startswith("  ") or text.strip().startswith("("):
-                break  # the previous field's continuation
-            above.insert(0, text.strip())
+            block.insert(0, lines[j].strip()[1:])
             j -= 1
+        while block and (block[0].startswith("  ") or block[0].strip().startswith("(")):
+            block.pop(0)  # the previous field's continuation lines, directly below it
+        above = [text.strip() for text in block]
         trailing = lines[i].split("  # ", 1)[1].strip() if "  # " in lines[i] else ""
         below = []
         k = node.end_lineno
