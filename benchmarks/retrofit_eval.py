@@ -82,13 +82,15 @@ def evaluate_checkpoint(path: str, work: Path, split: str, k: int, first_chunk: 
                         device: str) -> dict[str, Any]:
     """Every source of one checkpoint: per source, the target tokens' and whole documents' perplexity; the metrics."""
     from rpt.api import load
+    from rpt.config import EvalConfig
     from rpt.eval.perplexity import run_eval
 
     loaded = load(path, device=device)
     out: dict[str, Any] = {"checkpoint": str(loaded.path), "sources": {}}
     for source in SOURCES:
-        r = run_eval(None, work / "store", split=split, n_neighbors=k, source=source, labels=str(labels),
-                     per_chunk=True, with_metrics=source == "model", loaded=loaded)
+        settings = EvalConfig(split=split, n_neighbors=k, source=source, labels=str(labels), per_chunk=True,
+                              with_metrics=source == "model")
+        r = run_eval(None, work / "store", settings, loaded=loaded)
         nll = [target_sums(doc, first_chunk) for doc in r["documents"]]
         s, n = sum(x for x, _ in nll), sum(y for _, y in nll)
         out["sources"][source] = {"targets": {"nll_sum": s, "n": n, "perplexity": math.exp(s / n)},

@@ -288,15 +288,17 @@ def evaluate(model: Any, store_or_documents: str | Path | Sequence[str] | Sequen
     model's tokenizer) or lists of token ids. source: the neighbours fed to CCA (default: the variant's own; see
     `rpt.eval.perplexity`); labels: a sem label store with span doc, for source "oracle" and with_metrics.
     out: also write the result JSON there. Returns an `EvalResult` (a dict; `.perplexity`, `.nll`, `.documents`)."""
+    from rpt.config import EvalConfig
     from rpt.eval.perplexity import run_eval
 
     loaded = _loaded(model, device, tokenizer)
     store: Any = store_or_documents
     if not isinstance(store_or_documents, (str, Path)):
         store = DocumentList(store_or_documents, loaded.tokenizer)
-    result = run_eval(None, store, split=split, n_neighbors=n_neighbors, source=source, labels=labels,
-                      memory=memory, max_documents=max_documents, out=out, with_metrics=with_metrics,  # type: ignore[arg-type]
-                      per_chunk=per_chunk, precision=precision, progress=progress, loaded=loaded)  # type: ignore[arg-type]
+    settings = EvalConfig(split=split, n_neighbors=n_neighbors, source=source or "auto",  # type: ignore[arg-type]
+                          labels=str(labels or ""), memory=memory, max_documents=max_documents,  # type: ignore[arg-type]
+                          with_metrics=with_metrics, per_chunk=per_chunk, precision=precision)  # type: ignore[arg-type]
+    result = run_eval(None, store, settings, out=out, progress=progress, loaded=loaded)
     return EvalResult(result)
 
 

@@ -345,6 +345,18 @@ class RPTConfig:
 
     @classmethod
     def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
+    # a sem label store of the split with span doc (`rpt label --kind sem --span doc`): the oracle's neighbours, the
+    # retrieval metrics, the scored-chunk figures and the subgroup analysis read it. Empty: none
+    labels: str = ""
+    with_metrics: bool = False  # retrieval metrics against labels (the retriever, BM25, recency, random, oracle)
+    per_chunk: bool = False  # keep each chunk's loss and neighbours in the result (baseline needs it on both sides)
+    baseline: str = ""  # a result JSON of the same split made with per_chunk: the gain per chunk with / without gold
+    # BM25's idf and length statistics at inference: of the retrievable chunks so far | of the whole document (as the
+    # training labels)
+    bm25_statistics: Literal["causal", "document"] = "causal"
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: the model under autocast on GPUs (the NLL in fp32)
+    retriever: str = ""  # a DPR-style retriever (`rpt dpr`) or hf:NAME: the neighbours of source dpr
+    memory_tokens: int = 0  # memorizing: its kNN memory's size at evaluation (0: the checkpoint's model setting)
         """A YAML file, or YAML text (anything with a newline); a `preset:` key starts from that preset."""
         is_text = isinstance(path_or_text, str) and "\n" in path_or_text
         if not is_text and not Path(path_or_text).is_file():
@@ -412,7 +424,7 @@ def check_ranges(cfg: RPTConfig) -> None:
         "train.checkpoint_every": at_least(1), "train.keep_last": at_least(0), "train.log_every": at_least(1),
         "train.val_every": at_least(-1), "train.val_sequences": at_least(1),
         "eval.n_neighbors": (lambda v: 1 <= v <= MAX_NEIGHBORS, f"in [1, {MAX_NEIGHBORS}]"),
-        "eval.max_documents": at_least(0),
+        "eval.max_documents": at_least(0), "eval.memory_tokens": at_least(0),
     }
     for key, (ok, wanted) in rules.items():
         section, name = key.split(".")

@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--checkpoint", required=True, help="checkpoint folder (checkpoints/step_*), its model.safetensors, "
                    "or a run folder (its newest checkpoint)")
-    add_config(p, "its eval section gives the defaults of --split, --neighbors, --source, --memory and "
-               "--max-documents, and its data.store the default of --store")
+    add_config(p, "its eval section gives the defaults of the evaluation's flags (--split to --precision), and its "
+               "data.store the default of --store")
     p.add_argument("--store", help="token store root written by `rpt prepare` (or one split's folder; default: "
                    "--config's data.store)")
     p.add_argument("--split", help="split to evaluate (default test)")
@@ -43,19 +43,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "result's eval.memory_tokens, the trained size stays in its config")
     p.add_argument("--max-documents", type=int, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>[-mem<N>].json)")
-    p.add_argument("--metrics", action="store_true", help="also retrieval metrics against --labels (model retriever and "
+    p.add_argument("--metrics", action="store_true", default=None, help="also retrieval metrics against --labels (model retriever and "
                    "BM25 side by side) and the token-overlap analysis")
-    p.add_argument("--per-chunk", action="store_true", help="store per-chunk NLL and neighbours in the result (needed "
+    p.add_argument("--per-chunk", action="store_true", default=None, help="store per-chunk NLL and neighbours in the result (needed "
                    "for --baseline, in this run and in the baseline's)")
     p.add_argument("--baseline", help="a Transformer-XL result JSON (made with --per-chunk on the same split): relative "
                    "improvement per chunk with / without a gold chunk retrieved")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots of the analyses (and supervision quality of --labels)")
     p.add_argument("--compare", nargs="+", default=[], metavar="RESULT", help="other result JSONs shown beside this "
                    "one in --plots (e.g. retro and rpt-lex)")
-    p.add_argument("--bm25-stats", choices=("causal", "document"), default="causal",
+    p.add_argument("--bm25-stats", choices=("causal", "document"),
                    help="BM25 idf/length statistics at inference: of the retrievable chunks so far (causal, default) or "
                    "of the whole document (as the training labels)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16"),
                    help="bf16 runs the model under autocast on GPUs (NLL in fp32); fp32 on CPU (default fp32)")
     add_device(p, "model")
     p.add_argument("--threads", type=int, help="torch CPU threads (set once, at start)")
@@ -106,8 +106,11 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# flag (argparse dest) -> EvalConfig field
 _EVAL_FLAGS = {"split": "split", "neighbors": "n_neighbors", "source": "source", "memory": "memory",
-               "max_documents": "max_documents"}  # flag (argparse dest) -> EvalConfig field
+               "max_documents": "max_documents", "labels": "labels", "metrics": "with_metrics",
+               "per_chunk": "per_chunk", "baseline": "baseline", "bm25_stats": "bm25_statistics",
+               "precision": "precision", "retriever": "retriever", "memory_tokens": "memory_tokens"}
 
 
 def apply_eval_config(args: argparse.Namespace) -> None:
@@ -122,6 +125,9 @@ def apply_eval_config(args: argparse.Namespace) -> None:
     for flag, field in _EVAL_FLAGS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, getattr(ev, field))
+    for flag in ("labels", "baseline", "retriever"):
+        setattr(args, flag, getattr(args, flag) or None)  # "" in a config: none
+    args.memory_tokens = args.memory_tokens or None
     if args.source == "auto":
         args.source = None  # the variant's default, once the checkpoint is read
     if args.store is None:
@@ -133,17 +139,17 @@ def apply_eval_config(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.config import check_neighbors
+    from rpt.config import EvalConfig, check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
     from rpt.utils import UserError, require, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.memory_tokens is not None and args.memory_tokens < 1:
+        raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
     apply_eval_config(args)
     # before the default --out below resolves (and verifies) the checkpoint
     check_neighbors(args.neighbors)
-    if args.memory_tokens is not None and args.memory_tokens < 1:
-        raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
     if args.plots:
         from rpt.outputs import check_writable, claim_file
 
@@ -168,12 +174,13 @@ def run(args: argparse.Namespace) -> int:
     # before any work: never over a file of the user's, nor one of the inputs
     claim_file(out, "eval", inputs={"checkpoint": args.checkpoint, "store": args.store, "labels": args.labels,
                                     "compare": list(args.compare)})
-    result = run_eval(args.checkpoint, args.store, split=args.split, n_neighbors=args.neighbors, source=args.source,
-                      labels=args.labels, memory=args.memory, max_documents=args.max_documents, out=out,
-                      with_metrics=args.metrics, per_chunk=args.per_chunk, baseline=args.baseline,
-                      bm25_statistics=args.bm25_stats, precision=args.precision, device=str(resolve_device(args.device)),
-                      progress=not args.no_progress, retriever=args.retriever,
-                      memory_tokens=args.memory_tokens)
+    settings = EvalConfig(**{field: getattr(args, flag) for flag, field in _EVAL_FLAGS.items()})
+    settings.source = settings.source or "auto"
+    for field in ("labels", "baseline", "retriever"):
+        setattr(settings, field, str(getattr(settings, field) or ""))
+    settings.memory_tokens = settings.memory_tokens or 0
+    result = run_eval(args.checkpoint, args.store, settings, out=out, device=str(resolve_device(args.device)),
+                      progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":
         return 0  # rank 0 writes and prints
     print(format_summary(result))

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
 from rpt.chunks import pool_size
-from rpt.config import check_neighbors
+from rpt.config import EvalConfig, check_neighbors
 from rpt.data.store import TokenStore, open_split
 from rpt.eval import analysis, metrics
 from rpt.labels.bm25 import bm25_neighbors
@@ -440,14 +440,12 @@ def environment() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
-def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", n_neighbors: int = 2,
-             source: str | None = None, labels: str | Path | None = None, memory: MemoryKind = "auto",
-             max_documents: int = 0, out: str | Path | None = None, with_metrics: bool = False, per_chunk: bool = False,
-             baseline: str | Path | None = None, bm25_statistics: Literal["causal", "document"] = "causal",
-             precision: Literal["fp32", "bf16"] = "fp32", device: str | None = None, progress: bool = True,
-             retriever: str | Path | None = None, memory_tokens: int | None = None, loaded: Any = None) -> dict[str, Any]:
+def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | None = None, *,
+             out: str | Path | None = None, device: str | None = None, progress: bool = True,
+             loaded: Any = None) -> dict[str, Any]:
     """`rpt eval`: perplexity of a checkpoint over the documents of a split, optionally with retrieval metrics and the
-    §5.4 analyses. Writes the result JSON to `out` (rank 0) and returns it.
+    §5.4 analyses, as `settings` (an EvalConfig: the eval section of a config; default EvalConfig()) says. Writes the
+    result JSON to `out` (rank 0) and returns it.
 
     `store` is a token store root (or one split's folder), or an opened store (anything with TokenStore's `document`,
     `doc_lengths`, `doc_ids`, `path` and `check_compatible`, e.g. documents tokenized in memory by `rpt.evaluate`).
@@ -472,6 +470,14 @@ def run_eval(checkpoint: str | Path, store: str | Path, *, split: str = "test", 
     from rpt.data.store import StoreError as _StoreError
     from rpt.training import distributed as D
 
+    s = settings if settings is not None else EvalConfig()
+    if not isinstance(s, EvalConfig):
+        raise argument_error("settings", s, "must be an rpt.config.EvalConfig")
+    split, n_neighbors, memory, max_documents = s.split, s.n_neighbors, s.memory, s.max_documents
+    with_metrics, per_chunk, bm25_statistics, precision = s.with_metrics, s.per_chunk, s.bm25_statistics, s.precision
+    source = None if s.source == "auto" else s.source
+    labels, baseline, retriever = s.labels or None, s.baseline or None, s.retriever or None
+    memory_tokens = s.memory_tokens or None
     check_neighbors(n_neighbors, "n_neighbors")
     if max_documents < 0:
         raise argument_error("max_documents", max_documents, "must be >= 0")

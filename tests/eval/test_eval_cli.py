@@ -196,3 +196,26 @@ def test_memory_tokens_resizes_the_memorizing_memory(setup, tmp_path, capsys):
     assert "memory_tokens is for the memorizing variant" in capsys.readouterr().err
     assert run("--checkpoint", ckpt, "--store", s["root"], "--memory-tokens", 0, "--out", tmp_path / "x.json") == 2
     assert "--memory-tokens must be >= 1, not 0" in capsys.readouterr().err
+
+
+def test_a_configs_eval_section_sets_every_evaluation_setting_and_flags_win(setup, tmp_path):
+    """EvalConfig carries what an evaluation is (labels, metrics, per-chunk data, precision, ...): `rpt eval --config`
+    reads them from its eval section, a flag given wins, and the Python entry point takes the same object."""
+    from rpt.config import EvalConfig
+    from rpt.eval.perplexity import run_eval
+
+    s = setup
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"data:\n  store: {s['root']}\neval:\n  n_neighbors: 3\n  labels: {s['labels']}\n"
+                   "  with_metrics: true\n  per_chunk: true\n  max_documents: 2\n")
+    out = tmp_path / "r.json"
+    assert run("--checkpoint", s["runs"]["rpt-sem"], "--config", cfg, "--neighbors", 1, "--out", out) == 0
+    r = json.loads(out.read_text())
+    assert r["eval"]["n_neighbors"] == 1 and r["eval"]["labels"] and r["eval"]["per_chunk"]  # the flag won for K
+    assert "retrieval" in r and len(r["documents"]) == 2
+    same = run_eval(s["runs"]["rpt-sem"], s["root"], EvalConfig(n_neighbors=1, labels=str(s["labels"]),
+                                                                 with_metrics=True, per_chunk=True, max_documents=2),
+                    progress=False)
+    assert same["total"]["nll_sum"] == pytest.approx(r["total"]["nll_sum"])
+    with pytest.raises(ValueError, match="settings"):
+        run_eval(s["runs"]["rpt-sem"], s["root"], {"n_neighbors": 1})
