@@ -5,12 +5,12 @@ A plain training loop (no labels, no scheduled sampling) on fresh synthetic copy
 the oracle neighbour of every repeated chunk, so only CCA is on trial. Prints the loss per chunk class every 25 steps.
 
     python benchmarks/cca_copy_probe.py steps=300 lr=1e-2                      # CCA as shipped
-    python benchmarks/cca_copy_probe.py steps=150 lr=3e-3 cca_rel_bias=False   # any model field=value (ablations)
+    python benchmarks/cca_copy_probe.py steps=150 lr=3e-3 cca.rel_bias=False   # any model field=value (ablations)
     python benchmarks/cca_copy_probe.py steps=300 lr=1e-2 variant=xl near=1    # the control: xl on near repeats
     python benchmarks/cca_copy_probe.py align=first                            # oracle neighbour = the target chunk
     python benchmarks/cca_copy_probe.py steps=200 align=tail p=1               # only what c_q retrieval can find;
                                                                                # every far passage repeated
-    python benchmarks/cca_copy_probe.py align=tail p=1 cca_rel_bias_init=zero  # without the relative-bias prior
+    python benchmarks/cca_copy_probe.py align=tail p=1 cca.rel_bias_init=zero  # without the relative-bias prior
     python benchmarks/cca_copy_probe.py align=tail bias_lr=30                  # the bias learning 30x faster instead
     python benchmarks/cca_copy_probe.py align=tail p=1 passages=8 distance=3-6 segment_len=64 batch=2
                                                     # 1,024-token documents, the demo's copy size (repeats 384+ back)

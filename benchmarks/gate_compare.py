@@ -6,9 +6,9 @@ paired seeds, on code (the demo's store) and on the copy corpus (a `python -m la
     python benchmarks/gate_compare.py copy runs/copytest-demo    # reads python -m lab copytest's runs (paper and clamp)
 
 Code: for each seed of the demo, trains rpt-sem with gate=clamp exactly as the demo trained rpt-sem (same command,
-`--set model.gate=clamp`), evaluates both over the demo's test documents with their own neighbours and with none, and
+`--set model.gate.kind=clamp`), evaluates both over the demo's test documents with their own neighbours and with none, and
 reports perplexity, the retrieval gain and the share of gates sitting at eta (at the floor) on those documents.
-Copy: the same figures for the `far-rpt-sem-seed*` runs of a copytest folder run with and without `--set model.gate=clamp`.
+Copy: the same figures for the `far-rpt-sem-seed*` runs of a copytest folder run with and without `--set model.gate.kind=clamp`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def gate_stats(run: Path, store: Path, n_docs: int, max_tokens: int = 4096) -> d
             ids = out.neighbor_ids[0]
             gates.append(out.gates[0, : ids.shape[0]][ids >= 0].flatten())
     g = torch.cat(gates)
-    eta = cfg.model.gate_eta
+    eta = cfg.model.gate.eta
     return {"at_eta": float((g <= eta + 1e-6).float().mean()), "mean": float(g.mean()), "n": int(g.numel())}
 
 
@@ -64,7 +64,7 @@ def code(demo: Path) -> None:
             if gate == "clamp":
                 argv = train.split()[1:]
                 argv[argv.index("--out") + 1] = str(run)
-                main(argv + ["--set", "model.gate=clamp"])
+                main(argv + ["--set", "model.gate.kind=clamp"])
             ppl = {}
             for src in ("model", "none"):
                 argv = ev.split()[1:]
@@ -91,7 +91,8 @@ def copy(folder: Path) -> None:
     print(f"\ncopy corpus ({folder}), rpt-sem far, mean ± sd over seeds")
     print(f"{'gate':<8}{'copy advantage':>20}{'ppl gain none/own':>20}{'source@1':>16}{'gates at eta':>16}")
     for summ in summaries:
-        gate = summ["settings"]["model_overrides"].get("gate", "paper")
+        overrides = summ["settings"]["model_overrides"]
+        gate = overrides.get("gate.kind", overrides.get("gate", "paper"))  # "gate": written by an earlier version
         runs = [r for r in summ["runs"] if r["setting"] == "far" and r["variant"] == "rpt-sem"]
         if not runs:
             continue

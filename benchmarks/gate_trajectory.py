@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
                     off = evaluate_document(model, toks, neighbor_ids=none)
                 gains.append(float(np.exp((off.nll_sum - own.nll_sum) / own.n_targets)))
             g = torch.cat(gates) if gates else torch.full((1,), float("nan"))
-            eta = cfg.model.gate_eta
+            eta = cfg.model.gate.eta
             row = {"checkpoint": str(ck), "gain_per_doc": gains, "gain": float(np.mean(gains)),
                    "gate_mean": float(g.mean()), "gates_at_eta": float((g <= eta + 1e-4).float().mean())}
             rows.append(row)

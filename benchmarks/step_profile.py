@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
         cfg.model.segment_len = int(opts.get("segment", 128))
         kind = "sem" if v == "rpt-sem" else "lex"
         labels = LabelStore.open(store / "labels" / f"train-{kind}-{seq}") if v != "xl" else None
-        ds = SequenceDataset(tokens, seq, cfg.data.chunk_size, cfg.model.segment_len, labels)
+        ds = SequenceDataset(tokens, seq, cfg.model.chunk_size, cfg.model.segment_len, labels)
         torch.manual_seed(0)
         model = RPT(cfg.model).train()
         runs[v] = dict(cfg=cfg, stream=BatchStream(ds, batch, 1, 0, 1, 0), model=model,

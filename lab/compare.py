@@ -180,7 +180,7 @@ def group_settings(results: list[dict[str, Any]]) -> list[Setting]:
         flat = effective_fields(resolve_paths({k: v for k, v in recorded.items()
                                                if k not in _IGNORED and not k.startswith("eval.")}))
         if flat["model.variant"] == "memorizing":  # the memory it was evaluated with (`rpt eval --memory-tokens`)
-            flat["eval.memory_tokens"] = r["eval"].get("memory_tokens") or flat["model.memory_tokens"]
+            flat["eval.memory_tokens"] = r["eval"].get("memory_tokens") or flat["model.memorizing.tokens"]
         k = int(r["eval"]["n_neighbors"])
         key = (json.dumps(flat, sort_keys=True), r.get("step"), k, r["eval"].get("split"))
         seed = int(r["config"]["train"]["seed"])
@@ -267,13 +267,13 @@ def paper_row(s: Setting, source: str | None = None, base_xl: Setting | None = N
             return "RPT-Sem - Only Teacher forcing"
         if c.get("train.ss_schedule") == "own":
             return "RPT-Sem - No Teacher forcing"
-        if c.get("model.gate") == "none":
+        if c.get("model.gate.kind") == "none":
             return "RPT-Sem - No Neighbor Gating"
         return {3: "RPT-Sem w. 3 neighbours", 4: "RPT-Sem w. 4 neighbours"}.get(s.k, "RPT-Sem")
-    if v == "rpt-lex" and (c.get("train.ss_schedule", "anneal") != "anneal" or c.get("model.gate") == "none"):
+    if v == "rpt-lex" and (c.get("train.ss_schedule", "anneal") != "anneal" or c.get("model.gate.kind") == "none"):
         return None  # the paper's ablations (Table 4) are of RPT-Sem only
     if v == "memorizing":
-        size = c.get("eval.memory_tokens", c.get("model.memory_tokens"))  # the memory it was evaluated with
+        size = c.get("eval.memory_tokens", c.get("model.memorizing.tokens"))  # the memory it was evaluated with
         return {32768: "Memorizing Transformer (32K)", 65536: "Memorizing Transformer (65K)"}.get(size)
     return {"xl": "Transformer-XL", "retro": "RETRO w. BM25", "rpt-lex": "RPT-Lex",
             "block-recurrent": "Block-Recurrent Transformer", "griffin": "Griffin"}.get(v)

@@ -86,7 +86,7 @@ class CopyTestSettings:
     seeds: tuple[int, ...] = (0,)
     threads: int = 0
     progress: bool = True
-    model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"cca_positions": False} for ablations
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"cca.positions": False} for ablations
     label_query: str = "pair"  # BM25 query of the training labels: pair (c_q, c_t), as the paper | chunk (c_q alone)
     min_near: float = 2.0
     max_xl_far: float = 0.2

@@ -401,7 +401,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
         rng=_torch_load(path / "rng.pt"),
         data=state["data"],
         metrics=state.get("metrics", {}),
-        config=RPTConfig.from_yaml(path / "config.yaml"),
+        config=RPTConfig.from_yaml(path / "config.yaml", recorded=True),
     )
 
 
@@ -443,7 +443,7 @@ def missing_checkpoint(path: str | Path) -> str:
 def checkpoint_config(folder: Path) -> RPTConfig:
     for cand in (folder / "config.yaml", folder.parent.parent / "config.yaml"):
         if cand.is_file():
-            return RPTConfig.from_yaml(cand)
+            return RPTConfig.from_yaml(cand, recorded=True)
     raise UserError(f"checkpoint {folder} has no config.yaml")
 
 
@@ -482,7 +482,7 @@ def _load_model(path: str | Path, device: torch.device | str,
     if memory_tokens is not None:
         if mcfg.variant != "memorizing":
             raise UserError(f"memory_tokens is for the memorizing variant; checkpoint {folder} is {mcfg.variant}")
-        mcfg = dataclasses.replace(mcfg, memory_tokens=memory_tokens)
+        mcfg = dataclasses.replace(mcfg, memorizing=dataclasses.replace(mcfg.memorizing, tokens=memory_tokens))
         mcfg.validate()
     model = build_model(mcfg)
     try:

@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -51,6 +51,80 @@ def check_neighbors(k: int | None, flag: str = "--neighbors") -> None:
 
 
 @dataclass
+class CCAConfig:
+    """Chunked cross-attention (§3.1): how CCA reads the neighbour chunks (model.cca). Named settings: `paper` (the
+    model as printed) and `default` (this code's); `model.cca: paper` selects one whole, `model.cca.rel_bias` one field."""
+
+    SETTINGS: ClassVar[dict[str, dict[str, Any]]] = {
+        # the paper as printed: independent random projections, no learned relative-offset bias, keys reading their
+        # own values, neighbour states fed to CCA without a norm (docs/design.md#chunked-cross-attention)
+        "paper": {"qk_init": "random", "ov_init": "random", "rel_bias": False, "shift_values": False,
+                  "context_norm": False},
+        "default": {},
+    }
+
+    context_norm: bool = True  # RMSNorm on neighbour states before CCA's key/value projection
+    rel_bias: bool = True  # a learned CCA logit bias per head and relative offset (neighbour index - query offset)
+    rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
+    rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16: head 0 one-hot (docs/results/copy-test.md)
+    shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
+    # The copy prior: CCA starts out able to find and copy a neighbour token like its own, so it reads neighbours that
+    # share tokens with the query at arbitrary offsets (code) without first discovering that circuit
+    # (docs/results/code.md#the-copy-prior):
+    # CCA's query and key projections: one shared draw of std qk_match_std, so that a query token starts out
+    # attending to neighbour tokens whose (normalised) states resemble its own ("find my token") | independent draws
+    qk_init: Literal["random", "match"] = "match"
+    qk_match_std: float = 0.0  # 0: scaled with the width so an identical state scores 2.56 nats above an orthogonal
+    #                            one at every width (0.1 at the tiny preset, where the prior was measured)
+    # CCA's value and output projections: "identity": out @ value = ov_scale * I (an orthogonal draw and its
+    # transpose), so a read neighbour token's state is added to the query's residual as it is | independent draws
+    ov_init: Literal["random", "identity"] = "identity"
+    ov_scale: float = 0.05  # that identity's scale: how much of a read neighbour state the first update adds
+    positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
+
+
+@dataclass
+class GateConfig:
+    """The neighbour gate (§3.1): how much of what CCA read reaches the residual (model.gate). Named settings: `paper`
+    (as printed: the gate scales the neighbour states, C^g = g * C) and `default` (this code's)."""
+
+    SETTINGS: ClassVar[dict[str, dict[str, Any]]] = {"paper": {"on": "states"}, "default": {}}
+
+    # max(eta, sigmoid) with a gradient below eta | max(eta, sigmoid), dead below eta (as printed) |
+    # 0.1 + 0.9 sigmoid (authors' code) | additive logit bias (their 1B model) | off
+    kind: Literal["paper", "clamp", "official", "bias", "none"] = "paper"
+    eta: float = 0.1  # eta, the gate's lower bound (§3.1 footnote)
+    on: Literal["values", "states"] = "values"  # what a multiplicative gate scales: CCA's values | the states (C^g)
+
+
+@dataclass
+class MemorizingConfig:
+    """The memorizing transformer baseline (Wu et al. 2022; variant memorizing reads it only)."""
+
+    layer: int = -1  # the layer that also reads the kNN memory (-1: n_layers - 4, Wu et al.'s 9th of 12)
+    topk: int = 32  # memory entries each query token reads (Wu et al.: 32)
+    tokens: int = 65536  # tokens the memory keeps, oldest dropped first (the paper's rows: 32K and 65K)
+
+
+@dataclass
+class BlockRecurrentConfig:
+    """The block-recurrent transformer baseline (Hutchins et al. 2022; variant block-recurrent reads it only)."""
+
+    layer: int = -1  # the recurrent layer (-1: n_layers - 3, as Hutchins et al.'s 10th of 12)
+    state: int = 512  # state vectors carried from block to block (blocks are segments)
+    gate: Literal["fixed", "learned"] = "fixed"  # the state update's gate (fixed | LSTM-style)
+
+
+@dataclass
+class GriffinConfig:
+    """The Griffin baseline (De et al. 2024; variant griffin reads it only)."""
+
+    pattern: str = "RRA"  # block types repeated over the layers: R recurrent (RG-LRU), A local attention
+    rnn_width: int = 0  # the RG-LRU width (0: 4/3 d_model, as De et al.)
+    conv: int = 4  # width of the temporal convolution before the RG-LRU
+
+
+@dataclass
 class ModelConfig:
     """The RPT architecture (§3.1, docs/design.md#model). One config serves all four variants."""
 
@@ -66,29 +140,8 @@ class ModelConfig:
     segment_len: int = 1024  # S, sliding-window stride; each segment also sees the previous one (window 2S)
     cca_layers: list[int] = field(default_factory=lambda: [7, 8, 9, 10, 11])  # upper-decoder layers with CCA
     n_neighbors: int = 2  # K, neighbours per chunk fed to CCA (can be raised at inference)
-    # neighbour gating: max(eta, sigmoid) with a gradient below eta | max(eta, sigmoid), dead below eta (as printed) |
-    # 0.1 + 0.9 sigmoid (authors' code) | additive logit bias (their 1B model) | off
-    gate: Literal["paper", "clamp", "official", "bias", "none"] = "paper"
-    gate_eta: float = 0.1  # eta, the gate's lower bound (§3.1 footnote)
-    gate_on: Literal["values", "states"] = "values"  # what a multiplicative gate scales: CCA's values | the states (C^g)
-    cca_context_norm: bool = True  # RMSNorm on neighbour states before CCA's key/value projection
-    cca_rel_bias: bool = True  # a learned CCA logit bias per head and relative offset (neighbour index - query offset)
-    cca_rel_bias_init: Literal["alibi", "zero"] = "alibi"  # its start: ALiBi slopes around the aligned offset | flat
-    cca_rel_bias_scale: float = 16.0  # multiplies the ALiBi slopes of that start: 16: head 0 one-hot (docs/results/copy-test.md)
-    cca_shift_values: bool = True  # CCA key k of a neighbour reads the value of its next token k + 1
-    # The copy prior: CCA starts out able to find and copy a neighbour token like its own, so it reads neighbours that
-    # share tokens with the query at arbitrary offsets (code) without first discovering that circuit
-    # (docs/results/code.md#the-copy-prior):
-    # CCA's query and key projections: one shared draw of std qk_match_std, so that a query token starts out
-    # attending to neighbour tokens whose (normalised) states resemble its own ("find my token") | independent draws
-    cca_qk_init: Literal["random", "match"] = "match"
-    cca_qk_match_std: float = 0.0  # 0: scaled with the width so an identical state scores 2.56 nats above an orthogonal
-    #                                one at every width (0.1 at the tiny preset, where the prior was measured)
-    # CCA's value and output projections: "identity": out @ value = cca_ov_scale * I (an orthogonal draw and its
-    # transpose), so a read neighbour token's state is added to the query's residual as it is | independent draws
-    cca_ov_init: Literal["random", "identity"] = "identity"
-    cca_ov_scale: float = 0.05  # that identity's scale: how much of a read neighbour state the first update adds
-    cca_positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
+    cca: CCAConfig = field(default_factory=CCAConfig)  # chunked cross-attention's options (paper | default | fields)
+    gate: GateConfig = field(default_factory=GateConfig)  # the neighbour gate's options (paper | default | fields)
     query_augmentation: bool = True  # neighbour tokens cross-attend to the query chunk (paper footnote)
     dropout: float = 0.05  # residual dropout of every sublayer (and of attention, with attn_dropout -1)
     # dropout on the attention probabilities (-1: `dropout`, the paper's one rate). 0 keeps every attention call on a
@@ -99,15 +152,9 @@ class ModelConfig:
     norm_eps: float = 1e-6  # RMSNorm's epsilon
     init_std: float = 0.02  # std of the normal draws of the weights (output projections: / sqrt(2 n_layers), GPT-2 style)
     # --- the baselines (Table 2); each field is read by its own variant only -------------------------------------
-    memory_layer: int = -1  # memorizing: the layer that also reads the kNN memory (-1: n_layers - 4, Wu et al.'s 9th of 12)
-    memory_topk: int = 32  # memorizing: memory entries each query token reads (Wu et al.: 32)
-    memory_tokens: int = 65536  # memorizing: tokens the memory keeps, oldest dropped first (the paper's rows: 32K and 65K)
-    recurrent_layer: int = -1  # block-recurrent: the recurrent layer (-1: n_layers - 3, as Hutchins et al.'s 10th of 12)
-    recurrent_state: int = 512  # block-recurrent: state vectors carried from block to block (blocks are segments)
-    recurrent_gate: Literal["fixed", "learned"] = "fixed"  # block-recurrent: the state update's gate (fixed | LSTM-style)
-    griffin_pattern: str = "RRA"  # griffin: block types repeated over the layers: R recurrent (RG-LRU), A local attention
-    griffin_rnn_width: int = 0  # griffin: the RG-LRU width (0: 4/3 d_model, as De et al.)
-    griffin_conv: int = 4  # griffin: width of the temporal convolution before the RG-LRU
+    memorizing: MemorizingConfig = field(default_factory=MemorizingConfig)  # memorizing's kNN memory
+    block_recurrent: BlockRecurrentConfig = field(default_factory=BlockRecurrentConfig)  # block-recurrent's cell
+    griffin: GriffinConfig = field(default_factory=GriffinConfig)  # griffin's blocks
     # --- retrofitting a pretrained LM (docs/retrofit.md) ---------------------------------------------------------
     # a Hugging Face causal-LM folder or .gguf file (Llama family) whose embeddings, layers and output head are the
     # trunk, frozen; its shape sets d_model, n_layers, n_heads, vocab_size. Empty: RPT from scratch
@@ -136,13 +183,13 @@ class ModelConfig:
     def memory_layer_index(self) -> int:
         """The memorizing layer: as configured, else n_layers - 4 (index 8 of 12, as Wu et al.'s official config), never
         below the middle layer (index 2 of the tiny preset's 4)."""
-        return self.memory_layer if self.memory_layer >= 0 else max(self.n_layers // 2, self.n_layers - 4)
+        return self.memorizing.layer if self.memorizing.layer >= 0 else max(self.n_layers // 2, self.n_layers - 4)
 
     @property
     def recurrent_layer_index(self) -> int:
         """The block-recurrent layer: as configured, else n_layers - 3 (index 9 of 12, as Hutchins et al.), never below
         the middle layer."""
-        return self.recurrent_layer if self.recurrent_layer >= 0 else max(self.n_layers // 2, self.n_layers - 3)
+        return self.block_recurrent.layer if self.block_recurrent.layer >= 0 else max(self.n_layers // 2, self.n_layers - 3)
 
     @property
     def qk_match_std(self) -> float:
@@ -150,8 +197,8 @@ class ModelConfig:
         about sqrt(E) std^2 <x, y> for head width E, so an identical state scores sqrt(E) std^2 D above an orthogonal
         one: the automatic std keeps that at 2.56 nats (std 0.1 at D = 64, E = 16) instead of letting it grow with
         the width (41 nats at the small preset with a fixed 0.1, a near-hard argmax)."""
-        if self.cca_qk_match_std > 0:
-            return self.cca_qk_match_std
+        if self.cca.qk_match_std > 0:
+            return self.cca.qk_match_std
         return math.sqrt(QK_MATCH_GAP / (math.sqrt(self.head_dim) * self.d_model))
 
     @property
@@ -181,22 +228,22 @@ class ModelConfig:
                               "(attn_dropout -1: the same as dropout)")
         if self.n_neighbors < 1:
             raise ConfigError("model.n_neighbors must be >= 1")
-        if self.cca_qk_match_std < 0:
-            raise ConfigError(f"model.cca_qk_match_std must be >= 0 (0: scaled with the width), not {self.cca_qk_match_std}")
-        for key in ("memory_layer", "recurrent_layer"):
-            i = getattr(self, key)
+        if self.cca.qk_match_std < 0:
+            raise ConfigError(f"model.cca.qk_match_std must be >= 0 (0: scaled with the width), not {self.cca.qk_match_std}")
+        for key, i in (("memorizing.layer", self.memorizing.layer), ("block_recurrent.layer", self.block_recurrent.layer)):
             if not -1 <= i < self.n_layers:
                 raise ConfigError(f"model.{key}={i} is not a layer index in [0, {self.n_layers}) (or -1 for the default)")
-        for key in ("memory_topk", "memory_tokens", "recurrent_state", "griffin_conv"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"model.{key} must be >= 1, not {getattr(self, key)}")
+        for key, v in (("memorizing.topk", self.memorizing.topk), ("memorizing.tokens", self.memorizing.tokens),
+                       ("block_recurrent.state", self.block_recurrent.state), ("griffin.conv", self.griffin.conv)):
+            if v < 1:
+                raise ConfigError(f"model.{key} must be >= 1, not {v}")
         if not 0 <= self.backbone_lower < self.n_layers:
             raise ConfigError(f"model.backbone_lower={self.backbone_lower} is not in [0, {self.n_layers}) (0: half)")
         self._validate_lora()
-        if self.griffin_rnn_width < 0:
-            raise ConfigError(f"model.griffin_rnn_width must be >= 0 (0: 4/3 d_model), not {self.griffin_rnn_width}")
-        if not self.griffin_pattern or set(self.griffin_pattern) - {"R", "A"}:
-            raise ConfigError(f"model.griffin_pattern={self.griffin_pattern!r} must be a non-empty string of R "
+        if self.griffin.rnn_width < 0:
+            raise ConfigError(f"model.griffin.rnn_width must be >= 0 (0: 4/3 d_model), not {self.griffin.rnn_width}")
+        if not self.griffin.pattern or set(self.griffin.pattern) - {"R", "A"}:
+            raise ConfigError(f"model.griffin.pattern={self.griffin.pattern!r} must be a non-empty string of R "
                               "(recurrent block) and A (local attention block)")
 
     def _validate_lora(self) -> None:
@@ -225,7 +272,6 @@ class DataConfig:
     corpus: str = "stdlib"  # stdlib | a folder | a .jsonl file | code:<folder> | hf:pg19 | hf:codeparrot | hf:proof-pile
     tokenizer: str = "bpe:8192"  # bpe:<vocab> (trained on the corpus, cached) | a tokenizer.json path | a HF name
     store: str = "data/stdlib"  # token store folder
-    chunk_size: int = 64  # M; must equal model.chunk_size
     seq_len: int = 16384  # training sequence length L (retrieval happens inside one sequence during training)
 
 
@@ -299,6 +345,18 @@ class EvalConfig:
     source: Literal["auto", "model", "bm25", "oracle", "dpr", "random", "none"] = "auto"
     memory: Literal["auto", "faiss", "torch"] = "auto"  # faiss on CPU, torch matmul on GPU
     max_documents: int = 0  # 0 = all
+    # a sem label store of the split with span doc (`rpt label --kind sem --span doc`): the oracle's neighbours, the
+    # retrieval metrics, the scored-chunk figures and the subgroup analysis read it. Empty: none
+    labels: str = ""
+    with_metrics: bool = False  # retrieval metrics against labels (the retriever, BM25, recency, random, oracle)
+    per_chunk: bool = False  # keep each chunk's loss and neighbours in the result (baseline needs it on both sides)
+    baseline: str = ""  # a result JSON of the same split made with per_chunk: the gain per chunk with / without gold
+    # BM25's idf and length statistics at inference: of the retrievable chunks so far | of the whole document (as the
+    # training labels)
+    bm25_statistics: Literal["causal", "document"] = "causal"
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: the model under autocast on GPUs (the NLL in fp32)
+    retriever: str = ""  # a DPR-style retriever (`rpt dpr`) or hf:NAME: the neighbours of source dpr
+    memory_tokens: int = 0  # memorizing: its kNN memory's size at evaluation (0: the checkpoint's model setting)
 
 
 @dataclass
@@ -310,22 +368,17 @@ class RPTConfig:
 
     @classmethod
     def from_preset(cls, name: str, **model_overrides: Any) -> RPTConfig:
-        """A named preset; keyword arguments override model fields (``variant=``, ``vocab_size=``)."""
+        """A named preset; keyword arguments override model fields (``variant=``, ``vocab_size=``, a nested one as
+        ``**{"cca.rel_bias": False}``, a named setting as ``cca="paper"``)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-        cfg = from_dict(RPTConfig, PRESETS[name]())
-        for k, v in model_overrides.items():
-            if k not in {f.name for f in dataclasses.fields(ModelConfig)}:
-                raise ConfigError(f"model.{k} is not a model field")
-            setattr(cfg.model, k, _check(v, get_type_hints(ModelConfig)[k], f"model.{k}"))
+        cfg = from_dict(RPTConfig, _merge(PRESETS[name](), {"model": model_overrides}))
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
         check_ranges(self)
         self.model.validate()
-        if self.data.chunk_size != self.model.chunk_size:
-            raise ConfigError(f"data.chunk_size={self.data.chunk_size} != model.chunk_size={self.model.chunk_size}")
         if self.data.seq_len % self.model.segment_len:
             raise ConfigError(f"data.seq_len={self.data.seq_len} is not a multiple of model.segment_len={self.model.segment_len}")
         if self.train.wandb and not self.train.wandb_project.strip():
@@ -344,20 +397,10 @@ class RPTConfig:
         return text
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | Path) -> RPTConfig:
-    # a sem label store of the split with span doc (`rpt label --kind sem --span doc`): the oracle's neighbours, the
-    # retrieval metrics, the scored-chunk figures and the subgroup analysis read it. Empty: none
-    labels: str = ""
-    with_metrics: bool = False  # retrieval metrics against labels (the retriever, BM25, recency, random, oracle)
-    per_chunk: bool = False  # keep each chunk's loss and neighbours in the result (baseline needs it on both sides)
-    baseline: str = ""  # a result JSON of the same split made with per_chunk: the gain per chunk with / without gold
-    # BM25's idf and length statistics at inference: of the retrievable chunks so far | of the whole document (as the
-    # training labels)
-    bm25_statistics: Literal["causal", "document"] = "causal"
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: the model under autocast on GPUs (the NLL in fp32)
-    retriever: str = ""  # a DPR-style retriever (`rpt dpr`) or hf:NAME: the neighbours of source dpr
-    memory_tokens: int = 0  # memorizing: its kNN memory's size at evaluation (0: the checkpoint's model setting)
-        """A YAML file, or YAML text (anything with a newline); a `preset:` key starts from that preset."""
+    def from_yaml(cls, path_or_text: str | Path, recorded: bool = False) -> RPTConfig:
+        """A YAML file, or YAML text (anything with a newline); a `preset:` key starts from that preset. `recorded`: a
+        config.yaml that rpt wrote into a run or checkpoint folder, perhaps an earlier version of rpt with keys that
+        have moved since (read through `upgrade_config`); a config someone writes gets no such leniency."""
         is_text = isinstance(path_or_text, str) and "\n" in path_or_text
         if not is_text and not Path(path_or_text).is_file():
             raise ConfigError(f"config file {path_or_text} not found")
@@ -365,6 +408,8 @@ class RPTConfig:
         data = load_yaml(text, "config text" if is_text else f"config {path_or_text}", ConfigError) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config {path_or_text} is not a mapping")
+        if recorded:
+            data = upgrade_config(data)
         base = data.pop("preset", None)
         if base is not None and base not in PRESETS:
             raise ConfigError(f"unknown preset {base!r}; choose from {', '.join(PRESETS)}")
@@ -398,8 +443,9 @@ def config_file(ref: str | Path, name: str = "config") -> Path:
 
 
 def load_config(ref: str | Path, name: str = "config") -> RPTConfig:
-    """The validated RPTConfig of a config reference (see `config_file`)."""
-    return RPTConfig.from_yaml(config_file(ref, name))
+    """The validated RPTConfig of a config reference (see `config_file`); a run or checkpoint folder's is read as
+    recorded (`RPTConfig.from_yaml(..., recorded=True)`: also one written by an earlier version of rpt)."""
+    return RPTConfig.from_yaml(config_file(ref, name), recorded=Path(ref).is_dir())
 
 
 def check_ranges(cfg: RPTConfig) -> None:
@@ -412,9 +458,9 @@ def check_ranges(cfg: RPTConfig) -> None:
     rules = {
         "model.vocab_size": at_least(1), "model.d_model": at_least(1), "model.n_layers": at_least(1),
         "model.n_heads": at_least(1), "model.mlp_hidden": at_least(1), "model.chunk_size": at_least(1),
-        "model.segment_len": at_least(1), "model.gate_eta": below_one, "model.rope_base": positive,
-        "model.norm_eps": positive, "model.init_std": positive, "model.cca_ov_scale": at_least(0),
-        "data.chunk_size": at_least(1), "data.seq_len": at_least(1),
+        "model.segment_len": at_least(1), "model.gate.eta": below_one, "model.rope_base": positive,
+        "model.norm_eps": positive, "model.init_std": positive, "model.cca.ov_scale": at_least(0),
+        "data.seq_len": at_least(1),
         "train.steps": at_least(1), "train.batch_size": at_least(1), "train.grad_accum": at_least(1),
         "train.lr": positive, "train.min_lr_ratio": unit, "train.warmup_steps": at_least(0),
         "train.weight_decay": at_least(0), "train.tau_max": positive, "train.alpha_ret": at_least(0),
@@ -427,8 +473,9 @@ def check_ranges(cfg: RPTConfig) -> None:
         "eval.max_documents": at_least(0), "eval.memory_tokens": at_least(0),
     }
     for key, (ok, wanted) in rules.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = cfg
+        for name in key.split("."):
+            value = getattr(value, name)
         if not (math.isfinite(value) and ok(value)):
             raise ConfigError(f"{key} must be {wanted}, not {value}")
     betas = cfg.train.betas
@@ -451,14 +498,14 @@ def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # what only some variants read ("section.key" prefixes): two runs that differ only in fields their variant never reads
 # computed the same thing (resume, the sweep's check and `python -m lab compare` treat them as one setting)
 _READ_ONLY_BY = {
-    RETRIEVING: ("model.cca_", "model.gate", "model.query_augmentation", "model.n_neighbors",
+    RETRIEVING: ("model.cca.", "model.cca_layers", "model.gate.", "model.query_augmentation", "model.n_neighbors",
                  "train.neighbor_lr_scale", "train.gate_hold_steps"),  # these two touch only CCA and the gate
     # the retrieval loss, scheduled sampling
     ("rpt-lex", "rpt-sem"): ("train.tau_max", "train.alpha_", "train.ss_", "train.lambdarank_",
                               "train.prefix_negatives"),
-    ("memorizing",): ("model.memory_",),
-    ("block-recurrent",): ("model.recurrent_",),
-    ("griffin",): ("model.griffin_",),
+    ("memorizing",): ("model.memorizing.",),
+    ("block-recurrent",): ("model.block_recurrent.",),
+    ("griffin",): ("model.griffin.",),
 }
 
 
@@ -482,12 +529,12 @@ def effective_fields(flat: dict[str, Any]) -> dict[str, Any]:
     variant = flat["model.variant"]
     unread = tuple(p for readers, prefixes in _READ_ONLY_BY.items() if variant not in readers for p in prefixes)
     out = {k: v for k, v in flat.items() if not k.startswith(unread)}
-    if out.get("model.cca_qk_init") != "match":
-        out.pop("model.cca_qk_match_std", None)
-    elif not out.get("model.cca_qk_match_std"):  # 0: the width's automatic std, compared as its value
-        out["model.cca_qk_match_std"] = ModelConfig(d_model=out["model.d_model"], n_heads=out["model.n_heads"]).qk_match_std
-    if out.get("model.cca_ov_init") != "identity":
-        out.pop("model.cca_ov_scale", None)
+    if out.get("model.cca.qk_init") != "match":
+        out.pop("model.cca.qk_match_std", None)
+    elif not out.get("model.cca.qk_match_std"):  # 0: the width's automatic std, compared as its value
+        out["model.cca.qk_match_std"] = ModelConfig(d_model=out["model.d_model"], n_heads=out["model.n_heads"]).qk_match_std
+    if out.get("model.cca.ov_init") != "identity":
+        out.pop("model.cca.ov_scale", None)
     return out
 
 
@@ -499,10 +546,95 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 T = TypeVar("T")
 
 
-def _merge(a: dict, b: dict) -> dict:
+# Keys of earlier versions of rpt, each with the key that holds its value now. A config file or --set naming one is
+# refused with the new name; `upgrade_config` reads a recorded config (a run folder's config.yaml) that has them.
+MOVED = {
+    **{f"model.cca_{k}": f"model.cca.{k}" for k in ("context_norm", "rel_bias", "rel_bias_init", "rel_bias_scale",
+                                                    "shift_values", "qk_init", "qk_match_std", "ov_init", "ov_scale",
+                                                    "positions")},
+    "model.gate_eta": "model.gate.eta", "model.gate_on": "model.gate.on",
+    **{f"model.memory_{k}": f"model.memorizing.{k}" for k in ("layer", "topk", "tokens")},
+    **{f"model.recurrent_{k}": f"model.block_recurrent.{k}" for k in ("layer", "state", "gate")},
+    **{f"model.griffin_{k}": f"model.griffin.{k}" for k in ("pattern", "rnn_width", "conv")},
+    "data.chunk_size": "model.chunk_size",
+}
+
+
+def upgrade_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (nested dict) written by an earlier version of rpt, in the current layout: each key of MOVED
+    under its new name (data.chunk_size, which had to equal model.chunk_size, dropped) and the former string
+    `model.gate` (the gate's kind) as model.gate.kind. A current config comes back unchanged. Used where rpt reads the
+    config a run or checkpoint folder recorded (`RPTConfig.from_...(recorded=True)`) and an export's config;
+    config files and --set get no such leniency."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("gate"), str):
+        model["gate"] = {"kind": model["gate"]}
+    for old, new in MOVED.items():
+        (section, name), (new_section, *path) = old.split("."), new.split(".")
+        part = out.get(section)
+        if not isinstance(part, dict) or name not in part:
+            continue
+        value = part.pop(name)
+        target = out.setdefault(new_section, {})
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target.setdefault(path[-1], value)
+    return out
+
+
+def _setting(tp: Any, name: str, key: str) -> dict[str, Any]:
+    """The named setting `name` of a nested config class (its SETTINGS): every field, as a dict."""
+    settings = getattr(tp, "SETTINGS", {})
+    if name not in settings:
+        hint = (f"; the gate's kind is {key}.kind now ({key}.kind={name})"
+                if tp is GateConfig and name in get_args(get_type_hints(GateConfig)["kind"]) else "")
+        raise ConfigError(f"{key}={short_repr(name)} is not a named setting of {key} (choose from "
+                          f"{', '.join(settings) or 'none'}, or set its fields: {key}.FIELD){hint}")
+    return dataclasses.asdict(tp(**settings[name]))
+
+
+def _normalise(cls: type, data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`data` for dataclass `cls` with each nested section as a dict: a named setting (`cca: paper`) as its fields, a
+    dotted key (`cca.rel_bias: false`, as --set and rpt.train(**{"model.cca.rel_bias": False}) give) inside its
+    section. Keys apply in order, so a setting named after a field's value replaces it, and the field after it
+    changes the setting."""
+    hints = get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        head, dot, rest = key.partition(".") if isinstance(key, str) else (key, "", "")
+        tp = hints.get(head)
+        where = f"{prefix}.{head}" if prefix else head
+        if not (tp is not None and dataclasses.is_dataclass(tp)):
+            out[key] = value  # unknown keys and dotted keys of plain fields: from_dict names them
+            continue
+        current = out.get(head, {})
+        if isinstance(current, str):
+            current = _setting(tp, current, where)
+        elif not isinstance(current, dict):
+            current = {}
+        if dot:
+            out[head] = _normalise(tp, {**current, rest: value}, where)
+        elif isinstance(value, str):
+            out[head] = _setting(tp, value, where)
+        elif isinstance(value, dict):
+            out[head] = _normalise(tp, value, where)
+        else:
+            out[head] = value  # not a mapping: _check says so
+    return out
+
+
+def _merge(a: dict, b: dict, cls: type | None = None) -> dict:
+    """Config dict `b` over `a` (both for dataclass `cls`, default RPTConfig): nested sections merge field by field, a
+    named setting or dotted key in either is read first (`_normalise`)."""
+    cls = cls or RPTConfig
+    return _deep_merge(_normalise(cls, a), _normalise(cls, b))
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -533,6 +665,8 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, str):
+            value = _setting(tp, value, key)
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
         return from_dict(tp, value, prefix=key)
@@ -574,11 +708,18 @@ def _check(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types with the dotted key."""
+    data = _normalise(cls, data, prefix)
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)
+    where = f"{prefix}." if prefix else ""
+    for k in unknown:
+        if where + k in MOVED:
+            if where + k == "data.chunk_size":
+                raise ConfigError("data.chunk_size is gone (a key of an earlier version of rpt): model.chunk_size sets "
+                                  "the chunk size of the model and of the data")
+            raise ConfigError(f"{where}{k} is {MOVED[where + k]} now (a key of an earlier version of rpt)")
     if unknown:
-        where = f"{prefix}." if prefix else ""
         raise ConfigError(f"unknown config key(s) {', '.join(where + k for k in unknown)}")
     kwargs = {k: _check(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
     return cls(**kwargs)
@@ -607,22 +748,12 @@ def _preset_file(name: str) -> typing.Callable[[], dict]:
 
 SIZES: dict[str, typing.Callable[[], dict]] = {name: _preset_file(name) for name in SIZE_NAMES}
 
-# The paper's model (§3.1) as printed: CCA with independent random projections, no learned relative-offset bias, keys
-# reading their own values, neighbour states fed to CCA without a norm, and the gate scaling the neighbour states
-# (C^g = g * C). The default ModelConfig adds each of these; `<size>-paper` turns them all off, and `--set` turns one
-# back on (docs/design.md#chunked-cross-attention says what each buys).
-PAPER_MODEL: dict[str, Any] = {"cca_qk_init": "random", "cca_ov_init": "random", "cca_rel_bias": False,
-                               "cca_shift_values": False, "cca_context_norm": False, "gate_on": "states"}
+# The paper's model (§3.1) as printed: the named setting `paper` of model.cca and of model.gate (CCA with independent
+# random projections, no learned relative-offset bias, keys reading their own values, neighbour states fed to CCA
+# without a norm, and the gate scaling the neighbour states, C^g = g * C). The default ModelConfig adds each of these;
+# `--set model.cca=paper --set model.gate=paper` turns them all off, and `--set model.cca.FIELD=...` turns one back on
+# (docs/design.md#chunked-cross-attention says what each buys).
+PAPER_MODEL: dict[str, Any] = {"cca": "paper", "gate": "paper"}
 
-
-def _paper(size: typing.Callable[[], dict]) -> typing.Callable[[], dict]:
-    def preset() -> dict:
-        d = size()
-        d["model"] = {**d.get("model", {}), **PAPER_MODEL}
-        return d
-
-    return preset
-
-
-# a size (tiny ... 1b), or a size with the paper's model (tiny-paper ... 1b-paper)
-PRESETS: dict[str, typing.Callable[[], dict]] = {**SIZES, **{f"{k}-paper": _paper(f) for k, f in SIZES.items()}}
+# the sizes tiny ... 1b
+PRESETS: dict[str, typing.Callable[[], dict]] = dict(SIZES)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rpt.config import CONFIG_DIR, PRESETS, RPTConfig, shipped_configs  # noqa: E402
+from rpt.config import CONFIG_DIR, PRESETS, RPTConfig, flat_config, shipped_configs  # noqa: E402
 
 PAGE = ROOT / "docs" / "configuration.md"
 SECTIONS = {"model": "ModelConfig", "data": "DataConfig", "train": "TrainConfig", "eval": "EvalConfig"}
@@ -56,7 +56,7 @@ chunk encoder and no projections. The baselines keep xl's width and depth, so th
 carries a document past the window: the memorizing layer adds one gate per head, the block-recurrent cell 8D² plus an
 MLP and its state, Griffin's recurrent blocks replace attention in two layers of three. The paper's 212M for the first
 two is not stated as a recipe; its Griffin row (240M) added 5 recurrent layers to xl, which `--set
-model.n_layers=17 --set model.griffin_pattern=AAAAAAAAAAAARRRRR` builds (267.8M: each of our recurrent layers
+model.n_layers=17 --set model.griffin.pattern=AAAAAAAAAAAARRRRR` builds (267.8M: each of our recurrent layers
 brings its own MLP). xl + 2 layers (`--set model.n_layers=14`) is 227.6M against the paper's 228M.
 
 """
@@ -103,6 +103,13 @@ def type_name(tp: object) -> str:
     )
 
 
+def shown(config: dict, key: str) -> str:
+    """The value of dotted `key` in a nested config dict, as JSON."""
+    for part in key.split("."):
+        config = config[part]
+    return json.dumps(config)
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -116,10 +123,29 @@ def render() -> str:
         doc = (type(part).__doc__ or "").strip().splitlines()[0]
         doc = re.sub(r",? ?DESIGN\.md §\d", "", doc)
         out += [f"## `{section}`", "", doc, "", "| field | type | default | meaning |", "|---|---|---|---|"]
+        nested = []
         for f in dataclasses.fields(part):
-            default = repr(getattr(part, f.name))
-            out.append(f"| `{section}.{f.name}` | {cell(type_name(f.type))} | `{default}` | {cell(notes.get(f.name, ''))} |")
+            value = getattr(part, f.name)
+            if dataclasses.is_dataclass(value):  # a nested section: one row per field, named model.cca.rel_bias
+                nested.append((f"{section}.{f.name}", value))
+                sub = comments(type(value).__name__)
+                for g in dataclasses.fields(value):
+                    out.append(f"| `{section}.{f.name}.{g.name}` | {cell(type_name(g.type))} | "
+                               f"`{getattr(value, g.name)!r}` | {cell(sub.get(g.name, ''))} |")
+                continue
+            out.append(f"| `{section}.{f.name}` | {cell(type_name(f.type))} | `{value!r}` | {cell(notes.get(f.name, ''))} |")
         out.append("")
+        for key, value in nested:
+            settings = getattr(type(value), "SETTINGS", {})
+            if not settings:
+                continue
+            doc = " ".join((type(value).__doc__ or "").split()).split(". Named settings")[0]
+            out += [f"`{key}`: {doc}. A named setting selects the whole section (`{key}: NAME` in YAML, "
+                    f"`--set {key}=NAME`); a field after it changes one (`--set {key}.FIELD=VALUE`):", ""]
+            for name, fields in settings.items():
+                sets = ", ".join(f"`{key}.{k}={json.dumps(v)}`" for k, v in fields.items()) or "the defaults above"
+                out.append(f"- `{name}`: {sets}")
+            out.append("")
     out += [
         "## Presets",
         "",
@@ -129,13 +155,11 @@ def render() -> str:
         "|---|---|",
     ]
     for name, make in PRESETS.items():
-        flat = {}
-        for section, values in make().items():
-            for key, value in values.items():
-                flat[f"{section}.{key}"] = value
-        out.append(f"| `{name}` | {cell(', '.join(f'`{k}={json.dumps(v)}`' for k, v in flat.items()))} |")
-    out += ["", "Each preset is a YAML file in `rpt/configs/` (`tiny.yaml` ... `1b.yaml`); a `-paper` preset is its size "
-            "with the paper's model as printed (`rpt.config.PAPER_MODEL`).", "", "## Shipped configs", "",
+        flat = flat_config(make())
+        out.append(f"| `{name}` | {cell(', '.join(f'`{k}={shown(make(), k)}`' for k in flat))} |")
+    out += ["", "Each preset is a YAML file in `rpt/configs/` (`tiny.yaml` ... `1b.yaml`). The paper's model as printed "
+            "is any size with the named settings `paper` of `model.cca` and `model.gate` (`--preset tiny --set "
+            "model.cca=paper --set model.gate=paper`; `rpt.config.PAPER_MODEL`).", "", "## Shipped configs", "",
             "`--config NAME` in `rpt train`, `prepare`, `label`, `dpr` and `eval` (or `rpt.train(NAME, ...)`) reads "
             "`rpt/configs/NAME.yaml`; `--config` also takes a YAML file or a run or checkpoint folder. `label` and "
             "`dpr` take the segment length, training span and store from it, and refuse a flag that contradicts it; "

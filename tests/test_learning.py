@@ -147,7 +147,7 @@ def final_loss(variant: str, tmp: Path) -> tuple[float, Any]:
     from rpt.training.loop import train
 
     store = make_store(tmp / "store" / "train", LENGTHS)
-    cfg = tiny_config(tmp, variant, model={"recurrent_state": 16, "memory_tokens": 256, "memory_topk": 8},
+    cfg = tiny_config(tmp, variant, model={"block_recurrent.state": 16, "memorizing.tokens": 256, "memorizing.topk": 8},
                       steps=STEPS, warmup_steps=5, alpha_ramp_steps=10, checkpoint_every=STEPS, log_every=5,
                       optimizer="adamw")
     labels = None

@@ -51,7 +51,7 @@ def test_presets_keep_their_shapes():
 def test_paper_configs_hold_appendix_a(domain, tau):
     cfg = load_config(f"paper-250m-{domain}")
     t = cfg.train
-    assert (cfg.model.variant, cfg.model.d_model, cfg.model.n_layers, cfg.model.cca_qk_init) == ("rpt-sem", 1024, 12,
+    assert (cfg.model.variant, cfg.model.d_model, cfg.model.n_layers, cfg.model.cca.qk_init) == ("rpt-sem", 1024, 12,
                                                                                                   "random")
     assert t.tau_max == tau and t.lr == 5e-3 and t.optimizer == "adabelief" and t.grad_clip == 1.0
     assert t.steps == 500_000 and t.weight_decay == 1e-8 and t.min_lr_ratio == 0.1 and t.ss_fraction == 0.9

@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--near-first-seed-only", action="store_true",
                    help="run the near control (and rpt-sem's scorer) for the first seed only")
     p.add_argument("--eval-docs", type=int, default=d.eval_docs, help=f"test documents evaluated (default {d.eval_docs})")
-    add_set(p, ("model",), "model.cca_positions=false")
+    add_set(p, ("model",), "model.cca.positions=false")
     p.add_argument("--label-query", choices=("pair", "chunk"), default=d.label_query,
                    help="BM25 query of the training labels of retro / rpt-lex: pair (c_q, c_t), the paper's (default) | "
                    "chunk (c_q alone, as at inference)")

@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="document memory: faiss (CPU index) or torch (matmul); auto = torch on GPU, faiss on CPU "
                    "(default auto)")
     p.add_argument("--memory-tokens", type=int, metavar="N", help="memorizing: evaluate with a kNN memory of N "
-                   "tokens instead of the checkpoint's model.memory_tokens (no weight depends on it); recorded as the "
+                   "tokens instead of the checkpoint's model.memorizing.tokens (no weight depends on it); recorded as the "
                    "result's eval.memory_tokens, the trained size stays in its config")
     p.add_argument("--max-documents", type=int, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>[-mem<N>].json)")

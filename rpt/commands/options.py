@@ -43,7 +43,7 @@ def parse_sets(items: list[str], sections: tuple[str, ...] = SECTIONS) -> dict[s
         key, sep, value = item.partition("=")
         key = key.strip()
         section, dot, field = key.partition(".")
-        if not sep or not dot or not field or "." in field or section not in sections:
+        if not sep or not dot or not field or section not in sections:
             raise UserError(f"--set {item}: expected SECTION.KEY=VALUE with SECTION one of {', '.join(sections)} "
                             f"(e.g. {sections[0]}.{'cca_layers=[2,3]' if sections[0] == 'model' else 'lr=0.01'})")
         out[key] = load_yaml(value, f"--set {item}")

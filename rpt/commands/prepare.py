@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "backbone's own) | <Hugging Face name> | corpus (the corpus' own: synthetic corpora)  "
                    "(default: data.tokenizer, bpe:8192; corpus for synthetic:*)")
     p.add_argument("--out", help="output folder: <out>/<split>/ stores + tokenizer.json (default: data.store)")
-    p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: data.chunk_size, 64)")
+    p.add_argument("--chunk-size", type=int, help="tokens per chunk M (default: the config's model.chunk_size, 64)")
     add_config(p, "its data section gives the defaults of the options above")
     p.add_argument("--max-documents", type=int, help="keep at most N documents per split")
     p.add_argument("--splits", help="comma-separated splits to prepare (default: all of the corpus')")
@@ -39,19 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rpt.commands.options import config_of
-    from rpt.config import DataConfig
+    from rpt.config import DataConfig, RPTConfig
     from rpt.data.prepare import format_summary, prepare
     from rpt.data.store import StoreError
     from rpt.utils import UserError
 
     cfg = config_of(args)
     data = cfg.data if cfg else DataConfig()
+    cfg_model_chunk = (cfg or RPTConfig()).model.chunk_size
     splits = [s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None
     corpus = args.corpus or data.corpus
     tokenizer = args.tokenizer or ("corpus" if corpus.startswith("synthetic:") else data.tokenizer)
     try:
         summary = prepare(corpus, tokenizer, args.out or data.store,
-                          chunk_size=args.chunk_size if args.chunk_size is not None else data.chunk_size,
+                          chunk_size=args.chunk_size if args.chunk_size is not None else cfg_model_chunk,
                           splits=splits, max_documents=args.max_documents, min_chunks=args.min_chunks,
                           force=args.force, tokenizer_cache=args.tokenizer_cache,
                           progress=False if args.no_progress else None)

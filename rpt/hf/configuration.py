@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from rpt.config import ModelConfig, from_dict
+from rpt.config import ModelConfig, from_dict, upgrade_config
 
 MODEL_TYPE = "rpt"
 _MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
@@ -27,6 +27,7 @@ class RPTHFConfig(PretrainedConfig):
                      "intermediate_size": "mlp_hidden"}
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs = upgrade_config({"model": kwargs})["model"]  # an export by an earlier rpt: flat keys (cca_rel_bias)
         defaults = dataclasses.asdict(ModelConfig())
         for name in _MODEL_FIELDS:
             value = kwargs.pop(name, defaults[name])

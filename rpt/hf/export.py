@@ -35,14 +35,14 @@ ARG = "RUN_OR_CHECKPOINT"  # the CLI's name for argument `path`
 
 def preset_name(mcfg: Any) -> str:
     """The preset whose shape the model has (d_model, n_layers, n_heads, mlp_hidden, segment_len), with -paper when it
-    also has the paper's CCA options; "custom" when none matches."""
-    from rpt.config import PAPER_MODEL, PRESETS, SIZES, RPTConfig, from_dict
+    also has the paper's CCA and gate (model.cca and model.gate: paper); "custom" when none matches."""
+    from rpt.config import PAPER_MODEL, PRESETS, SIZES, ModelConfig, RPTConfig, from_dict
 
     shape = ("d_model", "n_layers", "n_heads", "mlp_hidden", "segment_len")
     for name in SIZES:
         ref = from_dict(RPTConfig, PRESETS[name]()).model
         if all(getattr(ref, k) == getattr(mcfg, k) for k in shape):
-            paper = all(getattr(mcfg, k) == v for k, v in PAPER_MODEL.items())
+            paper = all(getattr(mcfg, k) == getattr(from_dict(ModelConfig, {k: v}), k) for k, v in PAPER_MODEL.items())
             return f"{name}-paper" if paper else name
     return "custom"
 

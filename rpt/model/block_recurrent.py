@@ -3,7 +3,7 @@
 
 The model is xl (a stack of pre-norm layers: sliding-window self-attention over the segment window, then SwiGLU) in
 which one layer, `cfg.recurrent_layer_index` (default n_layers - 3: Hutchins' 10th of 12; never below the middle
-layer), is the recurrent cell. The cell carries a state of N = `cfg.recurrent_state` vectors of width D from block
+layer), is the recurrent cell. The cell carries a state of N = `cfg.block_recurrent.state` vectors of width D from block
 to block; blocks are segments (width S, Hutchins' W; their window = block = 512, ours = `cfg.segment_len`; the tiny
 preset keeps N = S = 128, as Hutchins' state = block width).
 
@@ -35,7 +35,7 @@ Hutchins' choices kept:
   - learned state IDs (a position embedding per state vector, drawn N(0, 1) as in their code) added to the normed
     state before its projections; a learned initial state; no dropout in the horizontal direction (their code runs it
     without); the MLP of the horizontal direction ("dual" gating: one gate after the projection, one after the MLP)
-  - gates (`cfg.recurrent_gate`): "fixed" c * g + z * (1 - g), g = sigmoid(a learned per-dimension logit), their
+  - gates (`cfg.block_recurrent.gate`): "fixed" c * g + z * (1 - g), g = sigmoid(a learned per-dimension logit), their
     fixed gate and default; "learned" their LSTM gate c * f + z * i with f = sigmoid(W_f . + 1), i = sigmoid(W_i . - 1)
 Ours:
   - positions: xl's rotary positions in the token self-attention; no positions in the cross-attentions (Hutchins use
@@ -46,7 +46,7 @@ Ours:
   - the LSTM gate's input/forget gates are computed from [z, c] (the candidate and the old state); Hutchins compute
     them from the hidden activation that z is projected from
   - blocks are segments (S = 1024 at 250m, 128 at tiny) and the cell's MLP is the trunk's SwiGLU (hidden
-    `cfg.mlp_hidden`); N is `cfg.recurrent_state` at every preset (512, Hutchins' value, unless a preset sets it: at
+    `cfg.mlp_hidden`); N is `cfg.block_recurrent.state` at every preset (512, Hutchins' value, unless a preset sets it: at
     the tiny preset N = 512 state vectors exceed the 128-token block)
   - training: every training sequence starts from the learned initial state and back-propagates through all of its
     T / S blocks; Hutchins also carry the state (without gradient) across successive training windows of one
@@ -129,9 +129,9 @@ class StateCell(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        D, N = cfg.d_model, cfg.recurrent_state
+        D, N = cfg.d_model, cfg.block_recurrent.state
         self.n_heads = cfg.n_heads
-        self.gate_kind = cfg.recurrent_gate
+        self.gate_kind = cfg.block_recurrent.gate
         self.initial_state = nn.Parameter(torch.zeros(N, D))  # c_0 (drawn by init_weights)
         self.state_ids = nn.Parameter(torch.zeros(N, D))  # learned state IDs (drawn in `init_state_ids`)
         self.state_norm = RMSNorm(D, cfg.norm_eps)
@@ -277,7 +277,7 @@ class BlockRecurrentTransformer(SegmentDecoder):
         the block keys/values it hands the cell (5 D); per state vector and block, the cell's norms, projections,
         attention outputs, gates and MLP (about 12 D + 4 F). The state's attentions have no mask, so even the CPU
         takes a fused kernel for them and keeps no score matrix (measured: docs/results/speed.md#step-memory)."""
-        D, F, S, N = cfg.d_model, cfg.mlp_hidden, cfg.segment_len, cfg.recurrent_state
+        D, F, S, N = cfg.d_model, cfg.mlp_hidden, cfg.segment_len, cfg.block_recurrent.state
         per_token = 5 * D
         per_state = 12 * D + 4 * F
         return (super().layer_activation_elements(cfg, T, math_attention) + T * per_token

@@ -70,7 +70,7 @@ def rel_bias_prior(n_heads: int, M: int, kind: str, scale: float = 1.0) -> torch
     token that followed it). "zero": no preference. "alibi": -slope_h * |d| with ALiBi's geometric slopes
     2^(-8 (h+1) / H) (Press et al., 2022), so each head starts out reading near the aligned position, from sharply
     (slope 2^(-8/H)) to almost uniformly (2^-8). `scale` multiplies every slope: with 16 (the default,
-    `cca_rel_bias_scale`) and H = 4 the slopes are 4, 1, 1/4, 1/16 — head 0 starts out reading the aligned token
+    `model.cca.rel_bias_scale`) and H = 4 the slopes are 4, 1, 1/4, 1/16 — head 0 starts out reading the aligned token
     alone, so CCA copies from the first updates where its neighbour holds the source (on the copy corpus the ln(V)
     plateau lasts <= 50 updates at scale 16 against 100-150 at scale 1; docs/results/copy-test.md).
 

@@ -4,7 +4,7 @@ Reproduces De et al. 2024, "Griffin: Mixing Gated Linear Recurrences with Local 
 Language Models" (arXiv:2402.19427), inside our trunk, so that it differs from Transformer-XL (`xl`) only in the
 temporal mixing.
 
-Layers. Every layer is two pre-norm residual blocks: a temporal-mixing block, then the MLP block. `griffin_pattern`
+Layers. Every layer is two pre-norm residual blocks: a temporal-mixing block, then the MLP block. `griffin.pattern`
 (default "RRA", Griffin's two recurrent blocks per local-attention block) repeated over the `n_layers` layers gives
 each layer's temporal block:
 
@@ -48,7 +48,7 @@ Which choices are ours (the rest is Griffin):
     - no biases on the D <-> R projections (the trunk has none); the conv and the gates keep theirs;
     - every matrix (conv taps and block-diagonal gates included) starts from the trunk's normal(0, init_std), the
       output projection scaled by 1/sqrt(2 n_layers) like xl's (`init_weights`), rather than Griffin's own scheme;
-    - R = griffin_rnn_width, or 4/3 D rounded to a multiple of H when 0 (Griffin's RNN width).
+    - R = griffin.rnn_width, or 4/3 D rounded to a multiple of H when 0 (Griffin's RNN width).
 
 Parameter budget. The width D, depth, heads and MLP width are xl's (the preset's), so the only difference in size is
 that a recurrent block (3 D R + 2 R^2 / H + small) replaces attention (4 D^2) in 2 layers of 3. At the `250m` preset
@@ -175,13 +175,13 @@ class _SqrtBoundedGrad(torch.autograd.Function):
 
 
 def rnn_width(cfg: ModelConfig) -> int:
-    """R: griffin_rnn_width, or 4/3 D rounded to a multiple of H (the gates are block-diagonal with H blocks)."""
+    """R: griffin.rnn_width, or 4/3 D rounded to a multiple of H (the gates are block-diagonal with H blocks)."""
     H = cfg.n_heads
-    if cfg.griffin_rnn_width:
-        if cfg.griffin_rnn_width % H:
-            raise ValueError(f"model.griffin_rnn_width={cfg.griffin_rnn_width} must be a multiple of model.n_heads={H} "
+    if cfg.griffin.rnn_width:
+        if cfg.griffin.rnn_width % H:
+            raise ValueError(f"model.griffin.rnn_width={cfg.griffin.rnn_width} must be a multiple of model.n_heads={H} "
                              "(the RG-LRU's gates are block-diagonal with one block per head)")
-        return cfg.griffin_rnn_width
+        return cfg.griffin.rnn_width
     return max(H, round(4 * cfg.d_model / 3 / H) * H)
 
 
@@ -264,7 +264,7 @@ class RecurrentBlock(nn.Module):
         D, R = cfg.d_model, rnn_width(cfg)
         self.in_gate = nn.Linear(D, R, bias=False)
         self.in_x = nn.Linear(D, R, bias=False)
-        self.conv = CausalConv1d(R, cfg.griffin_conv)
+        self.conv = CausalConv1d(R, cfg.griffin.conv)
         self.lru = RGLRU(R, cfg.n_heads)
         self.out = nn.Linear(R, D, bias=False)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -331,11 +331,11 @@ class GriffinLayer(nn.Module):
 
 
 class Griffin(SegmentDecoder):
-    """`griffin_pattern` repeated over the layers: R recurrent blocks and A local attention blocks, each followed by
+    """`griffin.pattern` repeated over the layers: R recurrent blocks and A local attention blocks, each followed by
     the trunk's MLP; forward and step are `SegmentDecoder`'s."""
 
     def build_layers(self, cfg: ModelConfig) -> list[nn.Module]:
-        pattern = cfg.griffin_pattern
+        pattern = cfg.griffin.pattern
         self.kinds = [pattern[i % len(pattern)] for i in range(cfg.n_layers)]
         return [GriffinLayer(cfg, k) for k in self.kinds]
 
@@ -344,7 +344,7 @@ class Griffin(SegmentDecoder):
         """A layers as xl's; an R layer keeps, per token, its norms and residuals (4 D), the MLP's 4 F, and about 18 R
         in the recurrent block (the two branches, the conv, both gates before and after their sigmoids, log a,
         sqrt(1 - a^2), the scan's inputs and states, the gated product) and no attention scores."""
-        pattern = cfg.griffin_pattern
+        pattern = cfg.griffin.pattern
         n_rec = sum(pattern[i % len(pattern)] == "R" for i in range(cfg.n_layers))
         attention = (cfg.n_layers - n_rec) * cls.attention_layer_elements(cfg, math_attention)
         recurrent = n_rec * (4 * cfg.d_model + 4 * cfg.mlp_hidden + 18 * rnn_width(cfg))
@@ -353,7 +353,7 @@ class Griffin(SegmentDecoder):
     @classmethod
     def largest_layer_elements(cls, cfg: ModelConfig, T: int, math_attention: bool) -> int:
         """The larger of an A layer's and an R layer's, among the kinds the pattern stacks."""
-        kinds = {cfg.griffin_pattern[i % len(cfg.griffin_pattern)] for i in range(cfg.n_layers)}
+        kinds = {cfg.griffin.pattern[i % len(cfg.griffin.pattern)] for i in range(cfg.n_layers)}
         per_kind = {"A": cls.attention_layer_elements(cfg, math_attention),
                     "R": 4 * cfg.d_model + 4 * cfg.mlp_hidden + 18 * rnn_width(cfg)}
         return T * max(per_kind[k] for k in kinds)
@@ -363,7 +363,7 @@ class Griffin(SegmentDecoder):
         """The scan's fp32 transients for one R layer at a time, [B, T, R] each, at their peak in backward: the shifted
         and flipped log a and gradient, their padded chunk-order copies, exp(log a), the intra-chunk states, the
         decays, the result and its reshape: ten."""
-        if "R" not in cfg.griffin_pattern[: cfg.n_layers]:
+        if "R" not in cfg.griffin.pattern[: cfg.n_layers]:
             return 0
         return 10 * 4 * batch * T * rnn_width(cfg)
 

@@ -6,20 +6,20 @@ earlier tokens held in an external, non-differentiable memory.
 The kNN-augmented layer (`KNNAttention`, layer `cfg.memory_layer_index`), per head h and query token t:
 
     local  = softmax(q_t K_win^T / sqrt(E)) V_win                 the sliding window of every layer (segments s-1, s)
-    ids    = top-k_j  q_t . k_j  over the memory                    exact inner-product search, k = cfg.memory_topk
+    ids    = top-k_j  q_t . k_j  over the memory                    exact inner-product search, k = cfg.memorizing.topk
     mem    = softmax(q_t K_ids^T / sqrt(E)) V_ids                   a softmax of its own over the k retrieved entries
     out    = g_h mem + (1 - g_h) local,   g_h = sigmoid(b_h)         before the output projection (Wu et al. §3)
 
 The memory of segment s holds this layer's own keys and values of the tokens that have left its window: segments
-0 .. s-2 of the document, at most `cfg.memory_tokens` of them, the oldest dropped first. The first two segments of a
+0 .. s-2 of the document, at most `cfg.memorizing.tokens` of them, the oldest dropped first. The first two segments of a
 document therefore read no memory (the layer is plain local attention there).
 
 Choices, Wu et al.'s and ours:
   - one kNN layer near the top, as Wu et al. and as the RPT paper ran their official code: `cfg.memory_layer_index`
     (default n_layers - 4, index 8 of 0..11 at 250m as the official code's 4th from the top, never below the middle layer);
     every other layer is xl's `DecoderLayer`.
-  - k = cfg.memory_topk = 32 retrieved entries per query and head (Wu et al.'s k), in every preset.
-  - memory size cfg.memory_tokens = 65,536 tokens in every preset (the paper's 65K row; 32,768 gives the 32K row).
+  - k = cfg.memorizing.topk = 32 retrieved entries per query and head (Wu et al.'s k), in every preset.
+  - memory size cfg.memorizing.tokens = 65,536 tokens in every preset (the paper's 65K row; 32,768 gives the 32K row).
     Training sequences (1,024 tokens at tiny, 16,384 at 250m) are shorter, so the cap binds only at evaluation.
   - the gate is one learned scalar b_h per head, started at 0 (g = 0.5), as in Wu et al.'s code.
   - no positions on memory entries: memory keys are the layer's keys before rotary, matched with the queries before
@@ -353,7 +353,7 @@ class MemorizingLayer(DecoderLayer):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg, with_cca=False)
-        self.attn = KNNAttention(cfg.d_model, cfg.n_heads, cfg.memory_topk, cfg.memory_tokens, cfg.dropout)
+        self.attn = KNNAttention(cfg.d_model, cfg.n_heads, cfg.memorizing.topk, cfg.memorizing.tokens, cfg.dropout)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,7 +398,7 @@ class MemorizingTransformer(SegmentDecoder):
         scores before the softmax are not kept), the memory output and the mix (3 D); and the detached fp32 keys
         searched (D per token). Measured with saved-tensor hooks at 2 x 8,192 tokens (tiny): the model keeps 159 MiB
         more for backward than xl, 163 MiB counted here."""
-        S, k = cfg.segment_len, cfg.memory_topk
+        S, k = cfg.segment_len, cfg.memorizing.topk
         reading = max(0, T - 2 * S)
         extra = reading * (k * cfg.d_model + 3 * cfg.n_heads * k + 3 * cfg.d_model) + T * cfg.d_model
         return super().layer_activation_elements(cfg, T, math_attention) + extra
@@ -408,7 +408,7 @@ class MemorizingTransformer(SegmentDecoder):
         """The exact search of the last segment: its [B, H, S, L] fp32 scores over the memory (L up to
         memory_tokens), and as much again for the top-k and, in backward, the scores' gradient."""
         S = cfg.segment_len
-        L = min(max(0, T - 2 * S), cfg.memory_tokens)
+        L = min(max(0, T - 2 * S), cfg.memorizing.tokens)
         return 2 * 4 * batch * cfg.n_heads * S * L
 
     # ------------------------------------------------------------------------------------------------------------
@@ -418,7 +418,7 @@ class MemorizingTransformer(SegmentDecoder):
         memory: None or "torch" (matmul), "faiss", "auto" (torch on GPU, Faiss on CPU); a factory capacity -> an empty
         `TokenMemory`; an empty `TokenMemory`; or the chunk-memory factory of `rpt.model.memory.make_memory` that the
         evaluation passes every variant (`TorchMemory` / `FaissMemory`), read as the token memory of the same kind."""
-        cap = self.cfg.memory_tokens
+        cap = self.cfg.memorizing.tokens
         mem: TokenMemory
         if isinstance(memory, TokenMemory):
             if memory.n_tokens:

@@ -50,8 +50,8 @@ class RetrofitLayer(nn.Module):
         self.attn = BackboneAttention(layer.self_attn, shape["n_heads"], shape["n_kv_heads"], shape["head_dim"])
         self.cca_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if with_cca else None
         self.cca = (ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout, cfg.rope_base,
-                                          cfg.cca_positions, cfg.norm_eps, cfg.cca_context_norm, cfg.cca_rel_bias,
-                                          cfg.cca_shift_values, cfg.cca_rel_bias_init, cfg.cca_rel_bias_scale)
+                                          cfg.cca.positions, cfg.norm_eps, cfg.cca.context_norm, cfg.cca.rel_bias,
+                                          cfg.cca.shift_values, cfg.cca.rel_bias_init, cfg.cca.rel_bias_scale)
                     if with_cca else None)
         self.segment_len = cfg.segment_len
         self.rope: nn.Module | None = None  # the backbone's rotary embedding (set by RetrofitRPT with the sink)
@@ -128,7 +128,7 @@ class RetrofitRPT(RPT):
         new = self._new_modules()
         init_weights(new, cfg.init_std, cfg.n_layers, seed)
         set_attention_dropout(new, cfg.attn_dropout)
-        if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
+        if retrieval and (cfg.cca.qk_init == "match" or cfg.cca.ov_init == "identity"):
             self._cca_copy_prior(seed)
         with torch.no_grad():  # the residual that starts at zero: CCA's output projection (the copy prior's half too)
             for layer in self.layers:

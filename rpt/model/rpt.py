@@ -70,9 +70,9 @@ class DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.cca_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if with_cca else None
-        self.cca = (ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout, cfg.rope_base, cfg.cca_positions,
-                                          cfg.norm_eps, cfg.cca_context_norm, cfg.cca_rel_bias, cfg.cca_shift_values,
-                                          cfg.cca_rel_bias_init, cfg.cca_rel_bias_scale)
+        self.cca = (ChunkedCrossAttention(cfg.d_model, cfg.n_heads, cfg.chunk_size, cfg.dropout, cfg.rope_base, cfg.cca.positions,
+                                          cfg.norm_eps, cfg.cca.context_norm, cfg.cca.rel_bias, cfg.cca.shift_values,
+                                          cfg.cca.rel_bias_init, cfg.cca.rel_bias_scale)
                     if with_cca else None)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.mlp_hidden, cfg.dropout)
@@ -128,7 +128,7 @@ class RPT(TiedLM, nn.Module):
         self._build_retrieval(cfg)
         init_weights(self, cfg.init_std, cfg.n_layers, seed)
         set_attention_dropout(self, cfg.attn_dropout)
-        if retrieval and (cfg.cca_qk_init == "match" or cfg.cca_ov_init == "identity"):
+        if retrieval and (cfg.cca.qk_init == "match" or cfg.cca.ov_init == "identity"):
             self._cca_copy_prior(seed)
 
     def _build_retrieval(self, cfg: ModelConfig) -> None:
@@ -139,21 +139,21 @@ class RPT(TiedLM, nn.Module):
         self.retriever = Retriever(D, cfg.norm_eps) if cfg.has_retriever else None
         self.query_aug = (QueryAugmentation(D, cfg.n_heads, cfg.rope_base, cfg.norm_eps, cfg.dropout)
                           if retrieval and cfg.query_augmentation else None)
-        self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate, cfg.gate_eta, chunks_per_segment(M, cfg.segment_len),
-                                  cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate != "none" else None)
+        self.gate = (NeighborGate(D, cfg.n_heads, cfg.gate.kind, cfg.gate.eta, chunks_per_segment(M, cfg.segment_len),
+                                  cfg.norm_eps, cfg.dropout) if retrieval and cfg.gate.kind != "none" else None)
 
     def _cca_copy_prior(self, seed: int) -> None:
         """The copy prior on CCA's projections (docs/results/code.md#the-copy-prior), each half an option:
 
-        cca_qk_init="match": the query and key projections start as one draw W of std cfg.qk_match_std, so a logit
+        cca.qk_init="match": the query and key projections start as one draw W of std cfg.qk_match_std, so a logit
         is x^T W^T W y / sqrt(E) ~ sqrt(E) std^2 <x, y>: a query attends most to the neighbour tokens whose
         normalised states are most like its own (with the shifted values, it reads what followed its own token
         there). With std 0.1 and D = 64 an identical state scores ~2.6 nats above an orthogonal one. The
         content-matching counterpart of the positional prior `rel_bias_prior`: on code, BM25's neighbours are not
         aligned with the query chunk, so copying needs matching by content.
 
-        cca_ov_init="identity": the value projection starts as an orthogonal draw Q and the output projection as
-        cca_ov_scale * Q^T, so out(value(y)) = cca_ov_scale * y: a neighbour token's (normalised) state is written
+        cca.ov_init="identity": the value projection starts as an orthogonal draw Q and the output projection as
+        cca.ov_scale * Q^T, so out(value(y)) = cca.ov_scale * y: a neighbour token's (normalised) state is written
         into the reading token's residual as it is. With the shifted values and the tied output embedding, reading
         the token after a match raises that token's logit from the first update: the copy circuit is there from the
         start, and training has to learn when to use it."""
@@ -164,14 +164,14 @@ class RPT(TiedLM, nn.Module):
                 continue
             a = cca.attn
             with torch.no_grad():
-                if cfg.cca_qk_init == "match":
+                if cfg.cca.qk_init == "match":
                     w = torch.randn(D, D, generator=keyed_generator(seed, f"layers.{i}.cca.qk_match")) * cfg.qk_match_std
                     a.q.weight.copy_(w)
                     a.kv.weight[:D].copy_(w)
-                if cfg.cca_ov_init == "identity":
+                if cfg.cca.ov_init == "identity":
                     q = _orthogonal(D, keyed_generator(seed, f"layers.{i}.cca.ov_identity"))
                     a.kv.weight[D:].copy_(q)
-                    a.out.weight.copy_(q.t() * cfg.cca_ov_scale)
+                    a.out.weight.copy_(q.t() * cfg.cca.ov_scale)
 
     # ------------------------------------------------------------------------------------------------------------
     @property
@@ -195,9 +195,9 @@ class RPT(TiedLM, nn.Module):
         B, Q, K, L, D = nb.shape
         if self.gate is not None:
             gates, logit = self.gate(nb, valid, chunk_idx, gate_cache, chunk_ids)
-            if self.cfg.gate == "bias":
+            if self.cfg.gate.kind == "bias":
                 bias = logit[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
-            elif self.cfg.gate_on == "states":  # the paper's C^g = g * C: the gate also scales CCA's logits
+            elif self.cfg.gate.on == "states":  # the paper's C^g = g * C: the gate also scales CCA's logits
                 nb = nb * gates[..., None, None].to(nb.dtype)
             else:
                 scale = gates[..., None].expand(B, Q, K, L).reshape(B, Q, K * L)
@@ -400,8 +400,8 @@ class RPT(TiedLM, nn.Module):
     def _empty_row(self, B: int, K: int, x: torch.Tensor) -> NeighborKV:
         L = K * 2 * self.cfg.chunk_size
         gated = self.gate is not None
-        bias = x.new_zeros(B, 1, L) if gated and self.cfg.gate == "bias" else None
-        scale = x.new_zeros(B, 1, L) if gated and self.cfg.gate != "bias" and self.cfg.gate_on == "values" else None
+        bias = x.new_zeros(B, 1, L) if gated and self.cfg.gate.kind == "bias" else None
+        scale = x.new_zeros(B, 1, L) if gated and self.cfg.gate.kind != "bias" and self.cfg.gate.on == "values" else None
         return NeighborKV(x.new_zeros(B, 1, L, x.shape[-1]), torch.zeros(B, 1, L, dtype=torch.bool, device=x.device),
                            bias, scale)
 

@@ -66,7 +66,7 @@ def _is_run_folder(folder: Path) -> bool:
     """A run of an earlier rpt: its config.yaml reads as an RPTConfig and it holds a checkpoint of ours, or nothing
     but that config (a run stopped before its first checkpoint)."""
     try:
-        RPTConfig.from_yaml(folder / "config.yaml")
+        RPTConfig.from_yaml(folder / "config.yaml", recorded=True)
     except Exception:  # not ours (or not readable): the folder is someone else's
         return False
     return (any((p / "state.json").is_file() for p in (folder / "checkpoints").glob("step_*"))
@@ -467,7 +467,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     # ---- inputs, all checked before anything is built or written
     store = open_store(store_root if store_root is not None else cfg.data.store)
     try:
-        store.check_compatible(chunk_size=cfg.data.chunk_size, vocab_size=mcfg.vocab_size)
+        store.check_compatible(chunk_size=cfg.model.chunk_size, vocab_size=mcfg.vocab_size)
     except StoreError as e:
         raise ValueError(str(e)) from e
     labels = None
@@ -479,7 +479,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         check_labels(labels, store, cfg)
     if memory_check and not fsdp:  # FSDP shards the states over ranks: the estimate is for one whole model
         check_fits(cfg, dev)
-    dataset = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, mcfg.segment_len, labels,
+    dataset = SequenceDataset(store, cfg.data.seq_len, cfg.model.chunk_size, mcfg.segment_len, labels,
                               prefix_len=tc.prefix_negatives if mcfg.has_retriever else 0)
     stream = BatchStream(dataset, tc.batch_size, tc.grad_accum, info.rank, info.world_size, tc.seed)
     validation, val_every = _validation(store_root if store_root is not None else cfg.data.store, cfg, info.world_size)
@@ -748,7 +748,7 @@ def _validation_set(store_root: str | Path, cfg: RPTConfig) -> SequenceDataset:
     if store is None:
         raise ValueError(f"train.val_every needs a validation split, and {root} is one split's store: pass the "
                          "`rpt prepare` root holding train/ and validation/")
-    data = SequenceDataset(store, cfg.data.seq_len, cfg.data.chunk_size, cfg.model.segment_len)
+    data = SequenceDataset(store, cfg.data.seq_len, cfg.model.chunk_size, cfg.model.segment_len)
     if len(data) == 0:
         raise ValueError(f"train.val_every: no validation sequences in {store.path} (every document is shorter than "
                          f"two segments)")

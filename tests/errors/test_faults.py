@@ -27,7 +27,7 @@ from rpt.locks import FolderBusy, folder_lock, lock_path  # noqa: E402
 from rpt.utils import WriteFailed  # noqa: E402
 
 RPT = str(Path(sys.executable).with_name("rpt"))
-SMALL = ["--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
+SMALL = ["--set", "model.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
          "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64", "--set", "train.log_every=1",
          "--set", "train.checkpoint_every=2", "--set", "train.keep_last=0", "--no-progress"]
 
@@ -319,7 +319,7 @@ def test_a_truncated_store_says_how_many_bytes_are_missing(store, tmp_path, caps
     ("train.keep_last=-1", "train.keep_last"), ("model.dropout=1", "model.dropout=1"),
     ("model.n_heads=0", "model.n_heads must be >= 1"), ("model.n_heads=3", "not divisible by model.n_heads=3"),
     ("model.segment_len=12", "model.segment_len=12 is not a multiple of model.chunk_size=8"),
-    ("model.init_std=0", "model.init_std must be > 0"), ("model.gate_eta=1", "model.gate_eta"),
+    ("model.init_std=0", "model.init_std must be > 0"), ("model.gate.eta=1", "model.gate.eta"),
     ("eval.n_neighbors=0", "eval.n_neighbors must be in [1, 16]"), ("data.seq_len=0", "data.seq_len"),
 ])
 def test_config_values_out_of_range_are_refused_with_their_key(store, tmp_path, capsys, setting, key):

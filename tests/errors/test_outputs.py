@@ -24,7 +24,7 @@ from rpt import outputs  # noqa: E402
 from rpt.cli import main  # noqa: E402
 from rpt.data.corpora import JsonlCorpus, TextFolderCorpus  # noqa: E402
 
-SMALL = ["--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
+SMALL = ["--set", "model.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
          "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64", "--set", "train.log_every=1",
          "--set", "train.checkpoint_every=2", "--set", "train.keep_last=0", "--no-progress"]
 LABEL = ["--split", "train", "--kind", "lex", "--span", "64", "--segment-len", "16", "--k", "2", "--no-progress"]
@@ -217,7 +217,7 @@ def test_sigint_during_training_writes_a_checkpoint(store, tmp_path):
     from rpt.training.loop import TrainingInterrupted, train
 
     cfg = train_config("tiny", store, tmp_path / "run", variant="xl", steps=50, seq_len=64, **{
-        "model.chunk_size": 8, "data.chunk_size": 8, "model.segment_len": 16, "model.d_model": 32, "model.n_heads": 2,
+        "model.chunk_size": 8, "model.segment_len": 16, "model.d_model": 32, "model.n_heads": 2,
         "model.mlp_hidden": 64, "train.checkpoint_every": 100})
 
     def on_step(step: int, metrics: dict) -> None:

@@ -16,7 +16,7 @@ from rpt import checkpoint as ck  # noqa: E402
 from rpt.cli import _one_line_warnings, main  # noqa: E402
 from rpt.utils import RPTWarning  # noqa: E402
 
-SMALL = ["--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
+SMALL = ["--set", "model.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
          "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64", "--set", "train.log_every=1",
          "--set", "train.checkpoint_every=2", "--set", "train.keep_last=0", "--no-progress"]
 
@@ -197,18 +197,16 @@ def test_each_baseline_counts_its_own_layers_in_the_estimate():
     from rpt.training.footprint import estimate_step_memory
 
     def layers(variant, **model):
-        cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=512)
+        cfg = RPTConfig.from_preset("tiny", variant=variant, vocab_size=512, **model)
         cfg.data.seq_len = 2048
-        for k, v in model.items():
-            setattr(cfg.model, k, v)
         return estimate_step_memory(cfg).layers
 
     xl = layers("xl")
     # the kNN layer keeps k retrieved values per query token: more k, more memory; the first two segments read none
-    assert xl < layers("memorizing", memory_topk=8) < layers("memorizing") < layers("memorizing", memory_topk=64)
+    assert xl < layers("memorizing", **{"memorizing.topk": 8}) < layers("memorizing") < layers("memorizing", **{"memorizing.topk": 64})
     # the state cell grows with the number of state vectors
-    assert xl < layers("block-recurrent", recurrent_state=32) < layers("block-recurrent", recurrent_state=128)
+    assert xl < layers("block-recurrent", **{"block_recurrent.state": 32}) < layers("block-recurrent", **{"block_recurrent.state": 128})
     # an all-attention Griffin is xl's layer count; recurrent blocks keep no [H, 2S] scores but 18 R elements a token
-    assert layers("griffin", griffin_pattern="A") == xl
-    assert layers("griffin", griffin_pattern="R") != xl and layers("griffin") != xl
+    assert layers("griffin", **{"griffin.pattern": "A"}) == xl
+    assert layers("griffin", **{"griffin.pattern": "R"}) != xl and layers("griffin") != xl
     assert estimate_step_memory(RPTConfig.from_preset("tiny", variant="griffin")).retrieval == 0

@@ -24,7 +24,7 @@ def tiny_config(variant: str = "rpt-sem", **model) -> RPTConfig:
     doc = {"preset": "tiny",
            "model": {"variant": variant, "vocab_size": V, "chunk_size": M, "segment_len": S, "d_model": 32, "n_heads": 2,
                      "mlp_hidden": 64, "n_neighbors": 2, "dropout": 0.0, **model},
-           "data": {"chunk_size": M, "seq_len": 64},
+           "data": {"seq_len": 64},
            "train": {"steps": 1, "out_dir": "unused"}}
     return RPTConfig.from_yaml(yaml.safe_dump(doc))
 

@@ -177,7 +177,7 @@ def test_memory_tokens_resizes_the_memorizing_memory(setup, tmp_path, capsys):
         assert run("--checkpoint", ckpt, "--store", s["root"], "--max-documents", 1, "--memory", "torch", "--out", out,
                    *extra) == 0
         res[n] = json.loads(out.read_text())
-    assert {r["config"]["model"]["memory_tokens"] for r in res.values()} == {65536}  # what it was trained with
+    assert {r["config"]["model"]["memorizing"]["tokens"] for r in res.values()} == {65536}  # what it was trained with
     assert res[None]["eval"]["memory_tokens"] is None and res[16]["eval"]["memory_tokens"] == 16
     assert "memory torch of 16 tokens" in capsys.readouterr().out  # the summary names the size used
     assert res[10_000]["total"]["nll_sum"] == res[None]["total"]["nll_sum"]  # LENGTHS[0] < 10,000: never binds
@@ -203,6 +203,7 @@ def test_a_configs_eval_section_sets_every_evaluation_setting_and_flags_win(setu
     reads them from its eval section, a flag given wins, and the Python entry point takes the same object."""
     from rpt.config import EvalConfig
     from rpt.eval.perplexity import run_eval
+    from rpt.utils import ArgumentError
 
     s = setup
     cfg = tmp_path / "eval.yaml"
@@ -217,5 +218,5 @@ def test_a_configs_eval_section_sets_every_evaluation_setting_and_flags_win(setu
                                                                  with_metrics=True, per_chunk=True, max_documents=2),
                     progress=False)
     assert same["total"]["nll_sum"] == pytest.approx(r["total"]["nll_sum"])
-    with pytest.raises(ValueError, match="settings"):
+    with pytest.raises(ArgumentError, match="settings"):
         run_eval(s["runs"]["rpt-sem"], s["root"], {"n_neighbors": 1})

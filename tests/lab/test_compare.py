@@ -14,8 +14,11 @@ def result(variant: str, seed: int, source: str, ppl: float, step: int = 100, k:
     cfg = RPTConfig.from_preset("tiny", variant=variant)
     cfg.train.seed, cfg.train.out_dir = seed, f"runs/x/{variant}-seed{seed}"
     for key, v in train.items():
-        section, name = key.split("__")
-        setattr(getattr(cfg, section), name, v)
+        *path, name = key.split("__")
+        part = cfg
+        for sub in path:
+            part = getattr(part, sub)
+        setattr(part, name, v)
     r = {"config": cfg.to_dict(), "step": step, "eval": {"source": source, "n_neighbors": k, "split": "test"},
          "total": {"perplexity": ppl}}
     if metrics is not None:
@@ -43,12 +46,12 @@ def test_rows_pair_seeds_for_gains_and_the_xl_ratio():
 def test_settings_are_labelled_by_what_sets_them_apart_and_matched_to_the_paper():
     rs = [result("rpt-sem", 0, "model", 50.0), result("rpt-sem", 0, "oracle", 45.0),
           result("rpt-sem", 0, "model", 60.0, train__ss_schedule="gold"),
-          result("rpt-sem", 0, "model", 55.0, model__gate="none"),
-          result("memorizing", 0, "none", 70.0, model__memory_tokens=32768)]
+          result("rpt-sem", 0, "model", 55.0, model__gate__kind="none"),
+          result("memorizing", 0, "none", 70.0, model__memorizing__tokens=32768)]
     settings = group_settings(rs)
     labels = sorted(s.label for s in settings)
-    assert labels == ["memorizing", "rpt-sem (gate=none, ss_schedule=anneal)", "rpt-sem (gate=paper, ss_schedule=anneal)",
-                      "rpt-sem (gate=paper, ss_schedule=gold)"]
+    assert labels == ["memorizing", "rpt-sem (gate.kind=none, ss_schedule=anneal)", "rpt-sem (gate.kind=paper, ss_schedule=anneal)",
+                      "rpt-sem (gate.kind=paper, ss_schedule=gold)"]
     rows = {paper_row(s): s for s in settings}
     assert set(rows) == {"RPT-Sem", "RPT-Sem - Only Teacher forcing", "RPT-Sem - No Neighbor Gating",
                          "Memorizing Transformer (32K)"}
@@ -95,7 +98,7 @@ def test_files_and_folders_and_errors(tmp_path, capsys):
 
 def test_step_filter_defaults_for_old_results_and_unpaired_ratios():
     old = result("retro", 0, "bm25", 90.0, step=200)
-    del old["config"]["model"]["cca_positions"]  # written before the field existed: it ran with the default
+    del old["config"]["model"]["cca"]["positions"]  # written before the field existed: it ran with the default
     rs = [old, result("retro", 0, "none", 99.0, step=200), result("retro", 1, "bm25", 80.0, step=200),
           result("retro", 1, "none", 96.0, step=200), result("xl", 0, "none", 100.0, step=200),
           result("retro", 0, "bm25", 50.0, step=400, train__loss_chunk=0)]
@@ -165,24 +168,28 @@ def test_fields_a_variant_never_reads_and_changed_defaults_do_not_split_a_settin
     one setting. A retro result written before the init fields existed ran with the former default (random), so it
     stays apart from a retro run with the prior; an automatic q/k std (0) equals the explicit 0.1 it resolves to."""
     def old(r):  # a config written before the copy prior's fields existed
-        for key in ("cca_qk_init", "cca_ov_init", "cca_qk_match_std"):
-            r["config"]["model"].pop(key)
+        model = r["config"]["model"]
+        for key in ("qk_init", "ov_init", "qk_match_std"):
+            model["cca"].pop(key)
+        model.update({f"cca_{k}": v for k, v in model.pop("cca").items()})  # and flat, as rpt wrote it then
+        model.update({"gate": model["gate"]["kind"], "gate_eta": model["gate"]["eta"], "gate_on": model["gate"]["on"]})
+        r["config"]["data"]["chunk_size"] = model["chunk_size"]
         return r
 
     rs = [old(result("griffin", 0, "none", 60.0)), result("griffin", 1, "none", 62.0),
-          old(result("xl", 0, "none", 100.0)), result("xl", 1, "none", 104.0, model__gate="clamp"),
+          old(result("xl", 0, "none", 100.0)), result("xl", 1, "none", 104.0, model__gate__kind="clamp"),
           old(result("retro", 0, "bm25", 90.0)), result("retro", 1, "bm25", 95.0),
-          result("retro", 2, "bm25", 97.0, model__cca_qk_match_std=0.1)]
+          result("retro", 2, "bm25", 97.0, model__cca__qk_match_std=0.1)]
     settings = {s.label: sorted(seed for seed, _ in s.ppl[next(iter(s.ppl))]) for s in group_settings(rs)}
     assert settings == {"griffin": [0, 1], "xl": [0, 1],
-                        "retro (cca_ov_init=random, cca_qk_init=random)": [0],
-                        "retro (cca_ov_init=identity, cca_qk_init=match)": [1, 2]}
+                        "retro (cca.ov_init=random, cca.qk_init=random)": [0],
+                        "retro (cca.ov_init=identity, cca.qk_init=match)": [1, 2]}
 
 
 def test_init_scales_that_their_init_does_not_read_and_losses_retro_does_not_have_do_not_split():
-    rs = [result("retro", 0, "bm25", 90.0, model__cca_qk_init="random", model__cca_ov_init="random"),
-          result("retro", 1, "bm25", 95.0, model__cca_qk_init="random", model__cca_ov_init="random",
-                 model__cca_qk_match_std=0.3, model__cca_ov_scale=0.2, train__alpha_ret=0.5, train__ss_schedule="gold")]
+    rs = [result("retro", 0, "bm25", 90.0, model__cca__qk_init="random", model__cca__ov_init="random"),
+          result("retro", 1, "bm25", 95.0, model__cca__qk_init="random", model__cca__ov_init="random",
+                 model__cca__qk_match_std=0.3, model__cca__ov_scale=0.2, train__alpha_ret=0.5, train__ss_schedule="gold")]
     assert [sorted(s.ppl["bm25"]) for s in group_settings(rs)] == [[(0, 0), (1, 0)]]  # (seed, repeat)
 
 

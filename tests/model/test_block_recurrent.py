@@ -22,7 +22,7 @@ def config(**kw):
 def make(gate: str = "fixed", seed: int = 0, **kw) -> BlockRecurrentTransformer:
     """An eval-mode model with every vector parameter (norms, gate logits, gate biases) moved off its constant start,
     so that every path is non-trivial."""
-    model = build_model(config(recurrent_gate=gate, **kw), seed=seed).eval()
+    model = build_model(config(**{"block_recurrent.gate": gate}, **kw), seed=seed).eval()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.parameters():
@@ -40,7 +40,7 @@ def test_built_by_the_registry():
     assert isinstance(model, BlockRecurrentTransformer) and model.cfg.variant == "block-recurrent"
     kinds = [type(layer) is RecurrentLayer for layer in model.layers]
     assert kinds == [False, False, True, False]  # default: max(n_layers // 2, n_layers - 3) = 2 (Hutchins' 10th of 12)
-    first = build_model(config(recurrent_layer=0), seed=0)
+    first = build_model(config(**{"block_recurrent.layer": 0}), seed=0)
     assert [type(layer) is RecurrentLayer for layer in first.layers] == [True, False, False, False]
     x = torch.randint(0, V, (1, 300))
     assert first(x).logits.shape == (1, 300, V)
@@ -205,10 +205,10 @@ def test_parameter_count_at_the_250m_preset(capsys):
     for variant, gate in (("xl", "fixed"), ("block-recurrent", "fixed"), ("block-recurrent", "learned")):
         with torch.device("meta"):
             model = build_model(RPTConfig.from_preset("250m", variant=variant, vocab_size=50277,
-                                                      recurrent_gate=gate).model)
+                                                      **{"block_recurrent.gate": gate}).model)
         counts[variant, gate] = model.num_parameters()
     cfg = model.cfg
-    D, Fh, N = cfg.d_model, cfg.mlp_hidden, cfg.recurrent_state
+    D, Fh, N = cfg.d_model, cfg.mlp_hidden, cfg.block_recurrent.state
     xl, ours, lstm = counts["xl", "fixed"], counts["block-recurrent", "fixed"], counts["block-recurrent", "learned"]
     assert ours == xl + 8 * D * D + 3 * D * Fh + 2 * N * D + 4 * D
     assert lstm == ours - 2 * D + 2 * (4 * D * D + 2 * D)  # two [z, c] -> (input, forget) linears instead
@@ -276,7 +276,7 @@ def test_gates_start_mostly_keeping_the_state():
     """The fixed gate starts at g = sigmoid(1) = 0.73 of the old state in every dimension; the LSTM gate (forget
     offset +1, input offset -1) makes the same update when its weights are zero."""
     fixed = build_model(config(), seed=0).layers[2].cell
-    lstm = build_model(config(recurrent_gate="learned"), seed=0).layers[2].cell
+    lstm = build_model(config(**{"block_recurrent.gate": "learned"}), seed=0).layers[2].cell
     c, z = torch.randn(2, 512, 64), torch.randn(2, 512, 64)
     g = torch.sigmoid(torch.tensor(1.0))
     torch.testing.assert_close(fixed._gate("attn", c, z), c * g + z * (1 - g))

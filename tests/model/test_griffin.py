@@ -152,10 +152,10 @@ def test_rnn_width_and_pattern():
     cfg = config()
     assert rnn_width(cfg) == 84  # 4/3 * 64 = 85.3, a multiple of 4 heads
     assert rnn_width(RPTConfig.from_preset("250m", variant="griffin").model) == 1368
-    assert rnn_width(config(griffin_rnn_width=96)) == 96
-    with pytest.raises(ValueError, match="griffin_rnn_width"):
-        Griffin(config(griffin_rnn_width=90), seed=0)
-    model = build_model(config(griffin_pattern="RA"), seed=0)
+    assert rnn_width(config(**{"griffin.rnn_width": 96})) == 96
+    with pytest.raises(ValueError, match="griffin.rnn_width"):
+        Griffin(config(**{"griffin.rnn_width": 90}), seed=0)
+    model = build_model(config(**{"griffin.pattern": "RA"}), seed=0)
     assert model.kinds == ["R", "A", "R", "A"]
     assert build_model(cfg, seed=0).kinds == ["R", "R", "A", "R"]
     names = {n for n, _ in build_model(cfg, seed=0).named_parameters()}
@@ -270,7 +270,7 @@ def test_state_carries_information_beyond_the_sliding_window():
     with torch.no_grad():
         model = make()
         d = (model(x).logits[:, late] - model(y).logits[:, late]).abs().max()
-        attn_only = make(griffin_pattern="A")
+        attn_only = make(**{"griffin.pattern": "A"})
         d_attn = (attn_only(x).logits[:, late] - attn_only(y).logits[:, late]).abs().max()
     assert d > 1e-3, d
     assert d_attn == 0
@@ -307,7 +307,7 @@ def test_cache_sizes():
     """memory_bytes: per R layer h [B, R] fp32 + the conv's last W-1 inputs, constant in the document's length;
     window_bytes: the A layer's K/V, at most two segments."""
     model = make()
-    B, R, W, D = 2, 84, model.cfg.griffin_conv, model.cfg.d_model
+    B, R, W, D = 2, 84, model.cfg.griffin.conv, model.cfg.d_model
     n_rec = model.kinds.count("R")
     x = torch.randint(0, V, (B, 6 * S))
     cache = model.new_cache()

@@ -84,7 +84,7 @@ def test_forward_any_length_and_no_neighbours():
 @pytest.mark.parametrize("t", [1, 127, 128, 256, 300, 384, 640, 1000])
 def test_no_leakage(t):
     """Perturbing tokens at or after t changes no logit before t: not through the window, not through the memory."""
-    model = make(memory_tokens=300, memory_topk=8)
+    model = make(**{"memorizing.tokens": 300}, **{"memorizing.topk": 8})
     T = 1024
     x = torch.randint(0, V, (2, T))
     y = x.clone()
@@ -93,8 +93,8 @@ def test_no_leakage(t):
 
 
 # --- cached == full -----------------------------------------------------------------------------------------------
-CACHE_CONFIGS = [{}, {"memory_tokens": 200, "memory_topk": 8}, {"memory_tokens": 100, "memory_topk": 300},
-                 {"memory_layer": 0, "memory_topk": 1}, {"memory_layer": 3, "memory_tokens": 129}]
+CACHE_CONFIGS = [{}, {"memorizing.tokens": 200, "memorizing.topk": 8}, {"memorizing.tokens": 100, "memorizing.topk": 300},
+                 {"memorizing.layer": 0, "memorizing.topk": 1}, {"memorizing.layer": 3, "memorizing.tokens": 129}]
 
 
 @pytest.mark.parametrize("kind", MEMORY_KINDS)
@@ -110,11 +110,11 @@ def test_cached_step_equals_full_forward(kind, opts):
     got, cache = step_in_pieces(model, x, [1, 62, 1, 64, 128, 3, 200, 5, 100], model.new_cache(kind))
     torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
     assert isinstance(cache.memory, FaissTokenMemory if kind == "faiss" else TorchTokenMemory)
-    assert cache.memory.n_tokens == min(5 * S, model.cfg.memory_tokens)  # segments 0..4 left the window of segment 6
+    assert cache.memory.n_tokens == min(5 * S, model.cfg.memorizing.tokens)  # segments 0..4 left the window of segment 6
 
 
 def test_cached_step_equals_full_in_segments_and_token_by_token():
-    model = make(memory_tokens=150, memory_topk=4)
+    model = make(**{"memorizing.tokens": 150}, **{"memorizing.topk": 4})
     x = torch.randint(0, V, (1, 5 * S + 9))
     full = model(x).logits
     torch.testing.assert_close(step_in_pieces(model, x, [S] * 6)[0], full, atol=1e-4, rtol=1e-4)
@@ -229,7 +229,7 @@ def test_faiss_and_torch_memories_give_the_same_top_k():
         torch.testing.assert_close(ts, fs, atol=1e-4, rtol=1e-5)
         assert torch.equal(mems[0].values_at(ti), mems[1].values_at(fi))
     # and on a document: the same logits through either memory (FIFO drops included)
-    model = make(memory_tokens=200, memory_topk=8)
+    model = make(**{"memorizing.tokens": 200}, **{"memorizing.topk": 8})
     x = torch.randint(0, V, (2, 5 * S + 9))
     (a, _), (b, _) = (step_in_pieces(model, x, [S - 1] * 7, model.new_cache(kind)) for kind in ("torch", "faiss"))
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -244,7 +244,7 @@ def test_new_cache_memory_arguments():
     assert type(model.new_cache().memory) is TorchTokenMemory
     assert type(model.new_cache("torch").memory) is TorchTokenMemory
     assert type(model.new_cache(TorchMemory).memory) is TorchTokenMemory
-    assert model.new_cache().memory.capacity == model.cfg.memory_tokens
+    assert model.new_cache().memory.capacity == model.cfg.memorizing.tokens
     if HAS_FAISS:
         assert type(model.new_cache("faiss").memory) is FaissTokenMemory
         assert type(model.new_cache("auto").memory) is FaissTokenMemory  # on CPU
@@ -268,7 +268,7 @@ def test_long_document_evaluation_runs_it():
     from rpt.eval.perplexity import evaluate_document
     from rpt.model.memory import make_memory
 
-    model = make(memory_tokens=200, memory_topk=8)
+    model = make(**{"memorizing.tokens": 200}, **{"memorizing.topk": 8})
     doc = torch.randint(0, V, (4 * S + 20,))
     runs = [evaluate_document(model, doc, memory=make_memory(kind), n_neighbors=2)
             for kind in ("torch", "faiss") if kind == "torch" or HAS_FAISS]
@@ -294,7 +294,7 @@ def _window_kv(model, x):
 def test_memory_resets_at_document_boundaries():
     """Doc A then doc B with a fresh cache gives exactly doc B alone; within a document the memory holds that
     document's tokens 0 .. (s-1)S (its keys before rotary, its values) and nothing else."""
-    model = make(memory_tokens=300)
+    model = make(**{"memorizing.tokens": 300})
     g = torch.Generator().manual_seed(5)
     doc_a, doc_b = torch.randint(0, V, (1, 5 * S + 20), generator=g), torch.randint(0, V, (1, 4 * S + 50), generator=g)
     alone, _ = step_in_pieces(model, doc_b, [S] * 5)
@@ -326,7 +326,7 @@ def test_memory_carries_information_beyond_the_window(path):
     def logits(model, ids):
         return model(ids).logits if path == "forward" else step_in_pieces(model, ids, [S] * 8)[0]
 
-    big, tiny = make(gate=8.0), make(gate=8.0, memory_tokens=16)
+    big, tiny = make(gate=8.0), make(gate=8.0, **{"memorizing.tokens": 16})
     assert (logits(big, x)[:, late] - logits(big, y)[:, late]).abs().max() > 1e-3
     torch.testing.assert_close(logits(tiny, x)[:, late], logits(tiny, y)[:, late], atol=1e-6, rtol=0)
     xl = RPT(RPTConfig.from_preset("tiny", variant="xl", vocab_size=V), seed=0).eval()
@@ -337,7 +337,7 @@ def test_memory_carries_information_beyond_the_window(path):
 def test_memory_bytes_grow_with_the_document_and_are_bounded():
     """memory_bytes: 0 for two segments, then (s-1)S tokens x (fp32 key + fp32 value) per row and head, capped at
     memory_tokens; window_bytes: every layer's window K/V (plus the kNN layer's unrotated keys), bounded by 2S."""
-    model = make(memory_tokens=300)
+    model = make(**{"memorizing.tokens": 300})
     B, H, E, L = 2, 4, 16, 4
     cache = model.new_cache()
     assert isinstance(cache, MemorizingCache) and cache.memory_bytes() == 0 and cache.window_bytes() == 0

@@ -29,8 +29,8 @@ MODELS = tuple(v for v in VARIANTS if v != "rpt-lex")
 
 
 def tiny(variant: str):
-    cfg = dataclasses.replace(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V).model, chunk_size=M,
-                              segment_len=S, memory_tokens=4 * S)
+    cfg = dataclasses.replace(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V, **{"memorizing.tokens": 4 * S}).model,
+                              chunk_size=M, segment_len=S)
     cfg.validate()
     return build_model(cfg, seed=0)
 

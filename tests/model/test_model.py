@@ -18,7 +18,7 @@ MODELS = tuple(v for v in VARIANTS if v != "rpt-lex")
 
 def make(variant: str, gate: str = "paper", **kw) -> RPT:
     torch.manual_seed(0)
-    model = RPT(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V, gate=gate, **kw)).eval()
+    model = RPT(RPTConfig.from_preset("tiny", variant=variant, vocab_size=V, **{"gate.kind": gate}, **kw)).eval()
     with torch.no_grad():  # make every path non-trivial: gates away from 0.5, null key/values, biases random
         for name, p in model.named_parameters():
             if p.dim() < 2:
@@ -135,8 +135,8 @@ def test_retrieval_respects_the_retrievable_set():
     assert torch.equal(out.neighbor_ids[:, 10], best)
 
 
-CCA_OPTIONS = [{}, {"cca_rel_bias": False, "cca_shift_values": False},
-               {"cca_positions": False, "gate_on": "states", "cca_context_norm": False}]
+CCA_OPTIONS = [{}, {"cca.rel_bias": False, "cca.shift_values": False},
+               {"cca.positions": False, "gate.on": "states", "cca.context_norm": False}]
 
 
 GATES = ["paper", "clamp", "official", "bias"]
@@ -214,7 +214,7 @@ def test_paper_gate_passes_gradient_below_eta():
         assert (logit.grad[0] > 0) == alive and (logit.grad[1:] > 0).all()
 
 
-@pytest.mark.parametrize("opts", [{}, {"cca_rel_bias": False, "cca_shift_values": False}])
+@pytest.mark.parametrize("opts", [{}, {"cca.rel_bias": False, "cca.shift_values": False}])
 def test_gate_scales_values_not_logits(opts):
     """gate_on=values: a neighbour's gate multiplies its values only, so CCA's attention weights do not depend on it
     (the paper's C^g = g * C would flatten them); checked by the output being linear in a shared gate."""
@@ -355,13 +355,13 @@ def test_cca_relative_bias_starts_from_an_alibi_prior_around_the_aligned_key():
     slopes = -(prior[:, 2 * M - 1])  # offset +1
     assert (slopes[:-1] > slopes[1:]).all() and torch.allclose(prior[:, 2 * M - 3], prior[:, 2 * M - 1])
     for init, want in (("alibi", prior), ("zero", torch.zeros(4, 3 * M - 1))):
-        model = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_rel_bias_init=init), seed=3)
+        model = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.rel_bias_init": init}), seed=3)
         for layer in (2, 3):
             torch.testing.assert_close(model.layers[layer].cca.rel_bias.detach(), want)
     with pytest.raises(ValueError, match="rel_bias_init"):
         rel_bias_prior(4, M, "gaussian")
     # cca_rel_bias_scale (default 16) multiplies every slope: ALiBi's own slopes with scale 1
-    flat = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_rel_bias_scale=1.0), seed=3)
+    flat = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.rel_bias_scale": 1.0}), seed=3)
     torch.testing.assert_close(flat.layers[2].cca.rel_bias.detach() * 16, prior)
     assert prior[0, 2 * M - 1] == -4.0  # head 0: slope 16 * 2^-2, so the aligned key outweighs its neighbours e^4-fold
 
@@ -393,8 +393,8 @@ def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
 
 
 def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="random"), seed=3)
-    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="match", cca_ov_init="random"), seed=3)
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "random"}), seed=3)
+    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "match"}, **{"cca.ov_init": "random"}), seed=3)
     D = base.cfg.d_model
     for i in base.cfg.cca_layers:
         a = match.layers[i].cca.attn
@@ -415,17 +415,17 @@ def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
 def test_the_copy_prior_is_the_default_and_its_match_gap_does_not_grow_with_width():
     for preset in ("tiny", "small", "250m"):
         cfg = RPTConfig.from_preset(preset, variant="rpt-sem", vocab_size=V).model
-        assert (cfg.cca_qk_init, cfg.cca_ov_init) == ("match", "identity")
+        assert (cfg.cca.qk_init, cfg.cca.ov_init) == ("match", "identity")
         gap = cfg.head_dim**0.5 * cfg.qk_match_std**2 * cfg.d_model  # identical vs orthogonal normalised states
         assert abs(gap - 2.56) < 1e-6, preset
     assert abs(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V).model.qk_match_std - 0.1) < 1e-9
-    assert RPTConfig.from_preset("small", variant="retro", vocab_size=V, cca_qk_match_std=0.3).model.qk_match_std == 0.3
+    assert RPTConfig.from_preset("small", variant="retro", vocab_size=V, **{"cca.qk_match_std": 0.3}).model.qk_match_std == 0.3
 
 
 def test_cca_identity_ov_init_passes_a_read_state_through():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="random"), seed=3)
-    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, cca_qk_init="random", cca_ov_init="identity"), seed=3)
-    D, s = base.cfg.d_model, base.cfg.cca_ov_scale
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "random"}), seed=3)
+    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "identity"}), seed=3)
+    D, s = base.cfg.d_model, base.cfg.cca.ov_scale
     for i in base.cfg.cca_layers:
         a = ov.layers[i].cca.attn
         torch.testing.assert_close(a.out.weight @ a.kv.weight[D:], s * torch.eye(D), atol=1e-5, rtol=0)
@@ -438,7 +438,7 @@ def test_initial_weights_do_not_depend_on_the_thread_count():
     """The copy prior's orthogonal draw (a QR) is computed on one thread: LAPACK's QR rounds differently at 1 and 2
     threads, which started the retrieving variants from different weights for the same seed."""
     cfg = RPTConfig.from_preset("tiny", variant="rpt-sem", vocab_size=V).model
-    assert cfg.cca_ov_init == "identity"
+    assert cfg.cca.ov_init == "identity"
     threads = torch.get_num_threads()
     try:
         built = []

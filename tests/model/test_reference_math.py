@@ -375,22 +375,22 @@ def test_chunked_cross_attention(opts, start, n, grad):
 # --- the whole model's wiring -------------------------------------------------------------------------------------
 M_, S_, K_ = 4, 8, 2
 MODEL_CASES = [  # a covering set of the options that change the math (variant, gate, gate_on and CCA's switches)
-    dict(variant="rpt-sem", gate="paper", gate_on="values"),
-    dict(variant="rpt-sem", gate="clamp", gate_on="states", cca_rel_bias=False),
-    dict(variant="rpt-lex", gate="official", gate_on="values", cca_shift_values=False, cca_positions=False),
-    dict(variant="rpt-sem", gate="bias", cca_context_norm=False, query_augmentation=False),
-    dict(variant="rpt-lex", gate="none", cca_rel_bias=False, cca_shift_values=False),
-    dict(variant="retro", gate="paper", gate_on="states", cca_context_norm=False),
-    dict(variant="retro", gate="official", gate_on="values", cca_positions=False, query_augmentation=False),
-    dict(variant="rpt-sem", gate="official", gate_on="states", cca_positions=False, supplied=True),
+    dict(variant="rpt-sem", **{"gate.kind": "paper"}, **{"gate.on": "values"}),
+    dict(variant="rpt-sem", **{"gate.kind": "clamp"}, **{"gate.on": "states"}, **{"cca.rel_bias": False}),
+    dict(variant="rpt-lex", **{"gate.kind": "official"}, **{"gate.on": "values"}, **{"cca.shift_values": False}, **{"cca.positions": False}),
+    dict(variant="rpt-sem", **{"gate.kind": "bias"}, **{"cca.context_norm": False}, query_augmentation=False),
+    dict(variant="rpt-lex", **{"gate.kind": "none"}, **{"cca.rel_bias": False}, **{"cca.shift_values": False}),
+    dict(variant="retro", **{"gate.kind": "paper"}, **{"gate.on": "states"}, **{"cca.context_norm": False}),
+    dict(variant="retro", **{"gate.kind": "official"}, **{"gate.on": "values"}, **{"cca.positions": False}, query_augmentation=False),
+    dict(variant="rpt-sem", **{"gate.kind": "official"}, **{"gate.on": "states"}, **{"cca.positions": False}, supplied=True),
 ]
 
 
 def small_model(case: dict) -> RPT:
     kw = {k: v for k, v in case.items() if k != "supplied"}
-    base = RPTConfig.from_preset("tiny", variant=kw.pop("variant"), vocab_size=23).model
+    base = RPTConfig.from_preset("tiny", variant=kw.pop("variant"), vocab_size=23, **kw).model
     cfg = dataclasses.replace(base, d_model=8, n_heads=2, n_layers=2, cca_layers=[1], mlp_hidden=12, chunk_size=M_,
-                              segment_len=S_, n_neighbors=K_, dropout=0.0, attn_dropout=0.0, **kw)
+                              segment_len=S_, n_neighbors=K_, dropout=0.0, attn_dropout=0.0)
     cfg.validate()
     model = RPT(cfg, seed=0).to(DT).eval()
     randomise(model, 10)
@@ -455,12 +455,12 @@ def test_model_wiring(case):
         bias = scale = None
         if model.gate is not None:
             logit = reference_gate(model.gate, nbs_t, valid_t, list(range(C)))
-            gate = torch.tensor([[reference_gate_value(logit[i, r], cfg.gate, cfg.gate_eta) for r in range(K_)]
+            gate = torch.tensor([[reference_gate_value(logit[i, r], cfg.gate.kind, cfg.gate.eta) for r in range(K_)]
                                  for i in range(C)], dtype=DT)
             torch.testing.assert_close(out.gates[b].detach().to(DT), gate, **TOL)
-            if cfg.gate == "bias":
+            if cfg.gate.kind == "bias":
                 bias = torch.tensor([[logit[i, r] for r in range(K_) for _ in range(2 * M_)] for i in range(C)], dtype=DT)
-            elif cfg.gate_on == "states":
+            elif cfg.gate.on == "states":
                 nbs_t = nbs_t * gate[..., None, None]
             else:
                 scale = gate[..., None].expand(C, K_, 2 * M_).reshape(C, -1)

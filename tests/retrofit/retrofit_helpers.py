@@ -81,7 +81,7 @@ def small_retrofit_run(tmp_path: Path) -> tuple[Path, Path]:
     labels = rpt.label(store, "train", kind="lex", span=64, segment_len=16, k=4)
     run = tmp_path / "run"
     rpt.train("tiny", store, run, labels=labels, backbone=str(backbone), variant="rpt-lex", steps=2,
-              **{"model.chunk_size": 8, "model.segment_len": 16, "data.chunk_size": 8, "data.seq_len": 64,
+              **{"model.chunk_size": 8, "model.segment_len": 16, "data.seq_len": 64,
                  "model.dropout": 0.0, "model.cca_layers": [2, 3], "train.warmup_steps": 1,
                  "train.alpha_ramp_steps": 1, "batch_size": 2})
     return store, run

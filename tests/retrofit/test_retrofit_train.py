@@ -14,7 +14,7 @@ from rpt.model.retrofit import RetrofitRPT
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_helpers import make_labels, make_store, write_label_store  # noqa: E402
 
-SMALL = {"model.chunk_size": 8, "model.segment_len": 16, "data.chunk_size": 8, "data.seq_len": 64, "model.dropout": 0.0,
+SMALL = {"model.chunk_size": 8, "model.segment_len": 16, "data.seq_len": 64, "model.dropout": 0.0,
          "model.cca_layers": [2, 3], "train.warmup_steps": 1, "train.alpha_ramp_steps": 1, "train.log_every": 1,
          "train.lr": 1e-2, "batch_size": 2}
 

@@ -131,7 +131,7 @@ def test_the_cli_flag(corpus, capsys):
     src = _source(corpus, "xl")
     base = ["train", "--preset", "tiny", "--variant", "rpt-sem", "--store", str(corpus["root"]), "--labels",
             str(corpus["labels"]), "--steps", "1", "--init-from", str(src), "--no-progress", "--seq-len", "64",
-            "--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16"]
+            "--set", "model.chunk_size=8", "--set", "model.segment_len=16"]
     small = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64"]
     out = corpus["tmp"] / "cli"
     assert main([*base, *small, "--out", str(out)]) == 0

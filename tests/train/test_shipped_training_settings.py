@@ -21,7 +21,7 @@ LENGTHS = [256, 320, 192, 256]
 UPDATES = 4
 # a tiny rpt-sem model with the shipped config's model switches (the paper's CCA for paper-250m-*)
 TINY = {"vocab_size": 64, "chunk_size": 8, "segment_len": 16, "d_model": 32, "n_heads": 2, "mlp_hidden": 64,
-        "n_layers": 4, "cca_layers": [2, 3], "recurrent_state": 16, "variant": "rpt-sem"}
+        "n_layers": 4, "cca_layers": [2, 3], "block_recurrent.state": 16, "variant": "rpt-sem"}
 PROJECTIONS = ("retriever.q_proj.weight", "retriever.k_proj.weight")
 
 
@@ -39,7 +39,7 @@ def projection_movement(name: str, data: dict[str, Path], **train_overrides) -> 
     (2 sequences of 64 tokens), fp32 (CPU) and bookkeeping; `train_overrides` replace fields of it."""
     d = load_config(name).to_dict()
     d["model"].update(TINY)
-    d["data"].update(chunk_size=8, seq_len=64, store=str(data["store"]))
+    d["data"].update(seq_len=64, store=str(data["store"]))
     d["train"].update(batch_size=2, grad_accum=1, precision="fp32", checkpoint_every=10**6, log_every=10**6,
                       keep_last=1, compile=False, activation_checkpointing=False, prefix_negatives=0,
                       out_dir=str(data["root"] / f"run-{name}-{len(train_overrides)}"), **train_overrides)

@@ -11,7 +11,7 @@ from rpt import checkpoint as ck
 from rpt.cli import build_parser, main
 from rpt.commands.train import config_from_args
 
-SMALL = ["--set", "model.chunk_size=8", "--set", "data.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
+SMALL = ["--set", "model.chunk_size=8", "--set", "model.segment_len=16", "--seq-len", "64",
          "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.mlp_hidden=64", "--set", "train.log_every=1",
          "--no-progress"]
 

@@ -99,7 +99,7 @@ def test_a_missing_package_is_one_line_before_training(corpus, monkeypatch, caps
     assert not (corpus["tmp"] / "run" / "log.jsonl").exists()
     argv = ["train", "--preset", "tiny", "--variant", "xl", "--store", str(corpus["root"]), "--steps", "1", "--wandb",
             "--out", str(corpus["tmp"] / "cli"), "--no-progress", "--seq-len", "64", "--set", "model.chunk_size=8",
-            "--set", "data.chunk_size=8", "--set", "model.segment_len=16"]
+            "--set", "model.segment_len=16"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("rpt train: error: train.wandb needs") and err.count("\n") == 1

@@ -83,7 +83,7 @@ def tiny_config(tmp: Path, variant: str = "rpt-sem", model: dict | None = None, 
         "preset": "tiny",
         "model": {"variant": variant, "vocab_size": 64, "chunk_size": 8, "segment_len": 16, "d_model": 32, "n_heads": 2,
                   "mlp_hidden": 64, "n_neighbors": 2, "dropout": 0.0, **(model or {})},
-        "data": {"chunk_size": 8, "seq_len": 64},
+        "data": {"seq_len": 64},
         "train": {"steps": 6, "batch_size": 2, "grad_accum": 1, "lr": 1e-2, "warmup_steps": 2, "alpha_ramp_steps": 2,
                   "checkpoint_every": 100, "log_every": 1, "out_dir": str(tmp / "run"), "keep_last": 3, **train},
     }
