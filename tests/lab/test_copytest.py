@@ -12,12 +12,14 @@ from lab.copytest import CopyTestSettings, far_distance, run_copytest
 
 @pytest.mark.slow  # 11 s; tests/lab/test_demo.py runs the copy test end to end at a smaller size
 def test_copytest_runs_end_to_end_and_reports_every_check(tmp_path):
-    # rpt-lex is rpt-sem with other labels (tests/model/test_model.py): retro and rpt-sem cover both label kinds
     s = CopyTestSettings(out=tmp_path / "ct", steps=3, warmup=1, batch_size=1, eval_docs=1, scorer_k=2, progress=False,
-                         variants=("retro", "rpt-sem"), near_steps=4)
+                         variants=("retro", "rpt-lex", "rpt-sem"), near_steps=4)
     summary = run_copytest(s)
     runs = {(r["setting"], r["variant"]) for r in summary["runs"]}
-    assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-sem")}
+    assert runs == {("near", "xl"), ("far", "xl"), ("far", "retro"), ("far", "rpt-lex"), ("far", "rpt-sem")}
+    far_lex = next(r for r in summary["runs"] if r["variant"] == "rpt-lex")  # its own retriever, and BM25's beside it
+    assert {"model", "bm25", "random", "none"} <= set(far_lex["eval"]) and "hit@1" in far_lex["eval"]["model"]
+    assert "rpt-lex's retriever ranks the source first for most far repeats" in summary["verdict"]["checks"]
     far_sem = next(r for r in summary["runs"] if r["variant"] == "rpt-sem")
     assert set(far_sem["eval"]) == {"model", "none", "random", "bm25", "oracle"} and "hit@1" in far_sem["eval"]["model"]
     assert all(set(e) >= {"fresh", "repeat-head", "repeat-tail", "all", "advantage"} for e in far_sem["eval"].values())
