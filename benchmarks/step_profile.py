@@ -3,7 +3,7 @@ apart (data + label tensors, forward with both losses, backward, optimiser), the
 forward + backward for each variant: where the retrieving variants' extra time per update goes. Run it alone on
 the machine.
 
-    python benchmarks/step_profile.py                                   # runs/demo/store, tiny, 1,024 tokens x 2
+    python benchmarks/step_profile.py store=STORE                       # tiny, 1,024 tokens x 2
     python benchmarks/step_profile.py store=runs/demo/store steps=20 variants=xl,retro,rpt-lex,rpt-sem \
         out=docs/data/step_profile.json
 
