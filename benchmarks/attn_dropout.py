@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/ and rpt/ from a checkout
+
 SETTINGS = {"paper (0.05 everywhere)": (0.05, -1.0), "attn_dropout=0": (0.05, 0.0), "no dropout": (0.0, -1.0)}
 
 

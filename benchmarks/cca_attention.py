@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/ and rpt/ from a checkout
 
 
 def main(argv: list[str]) -> None:

@@ -19,6 +19,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/ and rpt/ from a checkout
 
 
 def main(argv: list[str]) -> None:

@@ -8,8 +8,9 @@ the machine.
         out=docs/data/step_profile.json
 
 Every phase calls the training loop's own functions (rpt.training.loop.prepare, step_denominators and micro_loss:
-the forward with the chunked LM loss and the LambdaRank loss, normalised as in training; clip_gradients, the optimiser), on the store's real tokens and labels, in one process, variants
-interleaved step by step so that a change in the machine's speed hits every variant alike.
+the forward with the chunked LM loss and the LambdaRank loss, normalised as in training; clip_gradients, the
+optimiser), on the store's real tokens and labels, in one process, variants interleaved step by step so that a change
+in the machine's speed hits every variant alike.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # lab/ and rpt/ from a checkout
 
 
 def main(argv: list[str]) -> None:
