@@ -121,7 +121,8 @@ def test_named_settings_select_the_paper_or_the_default_whole():
     again = RPTConfig.from_yaml("preset: tiny\nmodel: {cca: {rel_bias: false, shift_values: true}}\n").model
     assert again.cca.rel_bias is False and again.cca.shift_values is True and again.cca.context_norm is True
     assert load_config("paper-250m-code").model.cca == RPTConfig.from_preset("250m", cca="paper").model.cca
-    with pytest.raises(ConfigError, match=r"model.cca='printed' is not a named setting of model.cca \(choose from paper, default"):
+    with pytest.raises(ConfigError,
+                       match=r"model.cca='printed' is not a named setting of model.cca \(choose from paper, default"):
         RPTConfig.from_yaml("model: {cca: printed}\n")
     with pytest.raises(ConfigError, match=r"model.gate.kind=clamp"):
         RPTConfig.from_yaml("model: {gate: clamp}\n")

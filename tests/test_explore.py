@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from rpt import RPT, RPTConfig
 from rpt.chunks import last_retrievable
-from rpt.eval.perplexity import bm25_neighbors
 from rpt.eval.explore import bm25_causal, explore_document, gold_ids, render_html, token_pieces
+from rpt.eval.perplexity import bm25_neighbors
 from rpt.labels.bm25 import bm25_candidates
 from rpt.labels.store import LabelRows
 

@@ -43,10 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "result's eval.memory_tokens, the trained size stays in its config")
     p.add_argument("--max-documents", type=int, help="evaluate only the first N documents (default 0: all)")
     p.add_argument("--out", help="result JSON (default: <checkpoint>/eval-<split>-<source>-k<K>[-mem<N>].json)")
-    p.add_argument("--metrics", action="store_true", default=None, help="also retrieval metrics against --labels (model retriever and "
-                   "BM25 side by side) and the token-overlap analysis")
-    p.add_argument("--per-chunk", action="store_true", default=None, help="store per-chunk NLL and neighbours in the result (needed "
-                   "for --baseline, in this run and in the baseline's)")
+    p.add_argument("--metrics", action="store_true", default=None, help="also retrieval metrics against --labels "
+                   "(model retriever and BM25 side by side) and the token-overlap analysis")
+    p.add_argument("--per-chunk", action="store_true", default=None, help="store per-chunk NLL and neighbours in the "
+                   "result (needed for --baseline, in this run and in the baseline's)")
     p.add_argument("--baseline", help="a Transformer-XL result JSON (made with --per-chunk on the same split): relative "
                    "improvement per chunk with / without a gold chunk retrieved")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots of the analyses (and supervision quality of --labels)")

@@ -41,7 +41,7 @@ from rpt.config import EvalConfig, check_neighbors
 from rpt.data.store import TokenStore, open_split
 from rpt.eval import analysis, metrics
 from rpt.labels.bm25 import bm25_neighbors
-from rpt.model.memory import ChunkMemory, MemoryKind, make_memory, memory_name
+from rpt.model.memory import ChunkMemory, make_memory, memory_name
 from rpt.model.registry import spec
 from rpt.utils import UserError, argument_error, write_json_atomic
 

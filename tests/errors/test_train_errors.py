@@ -203,9 +203,11 @@ def test_each_baseline_counts_its_own_layers_in_the_estimate():
 
     xl = layers("xl")
     # the kNN layer keeps k retrieved values per query token: more k, more memory; the first two segments read none
-    assert xl < layers("memorizing", **{"memorizing.topk": 8}) < layers("memorizing") < layers("memorizing", **{"memorizing.topk": 64})
+    assert (xl < layers("memorizing", **{"memorizing.topk": 8}) < layers("memorizing")
+            < layers("memorizing", **{"memorizing.topk": 64}))
     # the state cell grows with the number of state vectors
-    assert xl < layers("block-recurrent", **{"block_recurrent.state": 32}) < layers("block-recurrent", **{"block_recurrent.state": 128})
+    assert (xl < layers("block-recurrent", **{"block_recurrent.state": 32})
+            < layers("block-recurrent", **{"block_recurrent.state": 128}))
     # an all-attention Griffin is xl's layer count; recurrent blocks keep no [H, 2S] scores but 18 R elements a token
     assert layers("griffin", **{"griffin.pattern": "A"}) == xl
     assert layers("griffin", **{"griffin.pattern": "R"}) != xl and layers("griffin") != xl

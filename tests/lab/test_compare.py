@@ -50,8 +50,8 @@ def test_settings_are_labelled_by_what_sets_them_apart_and_matched_to_the_paper(
           result("memorizing", 0, "none", 70.0, model__memorizing__tokens=32768)]
     settings = group_settings(rs)
     labels = sorted(s.label for s in settings)
-    assert labels == ["memorizing", "rpt-sem (gate.kind=none, ss_schedule=anneal)", "rpt-sem (gate.kind=paper, ss_schedule=anneal)",
-                      "rpt-sem (gate.kind=paper, ss_schedule=gold)"]
+    assert labels == ["memorizing", "rpt-sem (gate.kind=none, ss_schedule=anneal)",
+                      "rpt-sem (gate.kind=paper, ss_schedule=anneal)", "rpt-sem (gate.kind=paper, ss_schedule=gold)"]
     rows = {paper_row(s): s for s in settings}
     assert set(rows) == {"RPT-Sem", "RPT-Sem - Only Teacher forcing", "RPT-Sem - No Neighbor Gating",
                          "Memorizing Transformer (32K)"}

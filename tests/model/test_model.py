@@ -393,8 +393,10 @@ def test_forward_with_the_chunked_loss_equals_the_loss_on_full_logits(variant):
 
 
 def test_cca_match_init_shares_the_query_and_key_draw_and_nothing_else():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "random"}), seed=3)
-    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "match"}, **{"cca.ov_init": "random"}), seed=3)
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V,
+                                     **{"cca.qk_init": "random", "cca.ov_init": "random"}), seed=3)
+    match = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V,
+                                      **{"cca.qk_init": "match", "cca.ov_init": "random"}), seed=3)
     D = base.cfg.d_model
     for i in base.cfg.cca_layers:
         a = match.layers[i].cca.attn
@@ -423,8 +425,10 @@ def test_the_copy_prior_is_the_default_and_its_match_gap_does_not_grow_with_widt
 
 
 def test_cca_identity_ov_init_passes_a_read_state_through():
-    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "random"}), seed=3)
-    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V, **{"cca.qk_init": "random"}, **{"cca.ov_init": "identity"}), seed=3)
+    base = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V,
+                                     **{"cca.qk_init": "random", "cca.ov_init": "random"}), seed=3)
+    ov = RPT(RPTConfig.from_preset("tiny", variant="retro", vocab_size=V,
+                                   **{"cca.qk_init": "random", "cca.ov_init": "identity"}), seed=3)
     D, s = base.cfg.d_model, base.cfg.cca.ov_scale
     for i in base.cfg.cca_layers:
         a = ov.layers[i].cca.attn

@@ -377,11 +377,13 @@ M_, S_, K_ = 4, 8, 2
 MODEL_CASES = [  # a covering set of the options that change the math (variant, gate, gate_on and CCA's switches)
     dict(variant="rpt-sem", **{"gate.kind": "paper"}, **{"gate.on": "values"}),
     dict(variant="rpt-sem", **{"gate.kind": "clamp"}, **{"gate.on": "states"}, **{"cca.rel_bias": False}),
-    dict(variant="rpt-lex", **{"gate.kind": "official"}, **{"gate.on": "values"}, **{"cca.shift_values": False}, **{"cca.positions": False}),
+    dict(variant="rpt-lex", **{"gate.kind": "official", "gate.on": "values", "cca.shift_values": False,
+                               "cca.positions": False}),
     dict(variant="rpt-sem", **{"gate.kind": "bias"}, **{"cca.context_norm": False}, query_augmentation=False),
     dict(variant="rpt-lex", **{"gate.kind": "none"}, **{"cca.rel_bias": False}, **{"cca.shift_values": False}),
     dict(variant="retro", **{"gate.kind": "paper"}, **{"gate.on": "states"}, **{"cca.context_norm": False}),
-    dict(variant="retro", **{"gate.kind": "official"}, **{"gate.on": "values"}, **{"cca.positions": False}, query_augmentation=False),
+    dict(variant="retro", **{"gate.kind": "official", "gate.on": "values", "cca.positions": False},
+         query_augmentation=False),
     dict(variant="rpt-sem", **{"gate.kind": "official"}, **{"gate.on": "states"}, **{"cca.positions": False}, supplied=True),
 ]
 
