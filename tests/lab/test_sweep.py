@@ -29,6 +29,7 @@ def sweep(out, store, *flags, variants="xl,retro,rpt-lex", seeds="0,1", train=()
                  *SMALL, "--store", str(store), *train])
 
 
+@pytest.mark.slow  # 12 s: trains and evaluates every run of a small sweep (the dry-run plan: tests/test_readme.py)
 def test_sweep_trains_evaluates_and_tabulates_then_resumes_without_redoing(store, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     assert sweep(out, store, variants="xl") == 0

@@ -93,6 +93,7 @@ def test_toy_corpus_scores_equal_bm25s_and_rank_bm25(query):
         assert_same_ranking(ids[i], vals[i], s1[i], last, 3)
 
 
+@pytest.mark.slow  # 4 s; the synthetic cases above compare with the same references
 @needs_references
 def test_real_document_equals_bm25s_and_rank_bm25(bpe):
     """The json package's source tokenized with a BPE: every query chunk's top-20 equals bm25s' (and rank_bm25's)."""
