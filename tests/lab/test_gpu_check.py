@@ -31,6 +31,7 @@ TINY = {"DEVICE": "cpu", "PRESET": "tiny", "SEQ": "512", "PRECISION": "fp32", "S
         "KERNEL_VARIANTS": "xl,rpt-sem"}
 
 
+@pytest.mark.slow  # 4 s: every stage's command, dry, on the CPU
 def test_every_stage_runs_its_command(tmp_path, recording_command, monkeypatch):
     out = tmp_path / "gc"
     rec = str(recording_command("rpt"))

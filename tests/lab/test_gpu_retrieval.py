@@ -78,6 +78,7 @@ def test_dry_run_on_cpu_writes_the_table_with_exhaustive_gold(tmp_path):
     assert [(r["variant"], r["step"]) for r in curve["rows"] if "metrics_model" in r] == [("rpt-sem", 1), ("rpt-sem", 2)]
 
 
+@pytest.mark.slow  # 3 s: a fresh interpreter imports torch to look for CUDA
 def test_refuses_without_a_gpu_in_one_line(tmp_path):
     import torch
 

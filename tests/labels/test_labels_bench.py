@@ -31,6 +31,7 @@ def test_benchmark_runs_and_reports_ratios():
     assert "device-hours to label a billion training tokens" in report
 
 
+@pytest.mark.slow  # 4 s: builds SmolLM2-135M's architecture
 def test_smollm2_shape_scorer_has_smollm2s_architecture_and_covers_the_bpe():
     """`--scorer smollm2-shape`: SmolLM2-135M's shape (its cost) with random weights; the vocabulary pads past the BPE's."""
     from lab import bench_labels as bench

@@ -105,6 +105,7 @@ def test_a_missing_package_is_one_line_before_training(corpus, monkeypatch, caps
     assert err.startswith("rpt train: error: train.wandb needs") and err.count("\n") == 1
 
 
+@pytest.mark.slow  # 3 s: a run logged through the real wandb package offline
 def test_an_offline_run_holds_the_scalars(corpus, no_login, monkeypatch, tmp_path):
     """A real wandb, offline: a two-step run writes an offline W&B run holding each row's scalars."""
     pytest.importorskip("wandb")
