@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rpt.config import EvalConfig
 
 HELP = "evaluate a checkpoint: perplexity over whole documents with retrieval from the document so far, retrieval " \
        "metrics (P@2, R@10, nDCG@20) and analyses"
@@ -113,9 +116,10 @@ _EVAL_FLAGS = {"split": "split", "neighbors": "n_neighbors", "source": "source",
                "precision": "precision", "retriever": "retriever", "memory_tokens": "memory_tokens"}
 
 
-def apply_eval_config(args: argparse.Namespace) -> None:
+def apply_eval_config(args: argparse.Namespace) -> EvalConfig:
     """Fill the flags left unset from --config's eval section (else EvalConfig's defaults), and --store from its
-    data.store; a flag given on the command line wins."""
+    data.store; a flag given on the command line wins. Returns the evaluation's settings; on `args`, an empty path
+    and memory size are None, and source auto is None (the variant's default, once the checkpoint is read)."""
     from rpt.commands.options import config_of
     from rpt.config import EvalConfig
     from rpt.utils import UserError
@@ -125,6 +129,7 @@ def apply_eval_config(args: argparse.Namespace) -> None:
     for flag, field in _EVAL_FLAGS.items():
         if getattr(args, flag) is None:
             setattr(args, flag, getattr(ev, field))
+    settings = EvalConfig(**{field: getattr(args, flag) for flag, field in _EVAL_FLAGS.items()})
     for flag in ("labels", "baseline", "retriever"):
         setattr(args, flag, getattr(args, flag) or None)  # "" in a config: none
     args.memory_tokens = args.memory_tokens or None
@@ -134,12 +139,13 @@ def apply_eval_config(args: argparse.Namespace) -> None:
         if cfg is None:
             raise UserError("--store is required (or a --config whose data.store names the store)")
         args.store = cfg.data.store
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rpt.config import EvalConfig, check_neighbors
+    from rpt.config import check_neighbors
     from rpt.eval.perplexity import checkpoint_config, default_source, read_result, resolve_checkpoint, run_eval
     from rpt.utils import UserError, require, resolve_device
 
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.memory_tokens is not None and args.memory_tokens < 1:
         raise UserError(f"--memory-tokens must be >= 1, not {args.memory_tokens}")
-    apply_eval_config(args)
+    settings = apply_eval_config(args)
     # before the default --out below resolves (and verifies) the checkpoint
     check_neighbors(args.neighbors)
     if args.plots:
@@ -174,11 +180,6 @@ def run(args: argparse.Namespace) -> int:
     # before any work: never over a file of the user's, nor one of the inputs
     claim_file(out, "eval", inputs={"checkpoint": args.checkpoint, "store": args.store, "labels": args.labels,
                                     "compare": list(args.compare)})
-    settings = EvalConfig(**{field: getattr(args, flag) for flag, field in _EVAL_FLAGS.items()})
-    settings.source = settings.source or "auto"
-    for field in ("labels", "baseline", "retriever"):
-        setattr(settings, field, str(getattr(settings, field) or ""))
-    settings.memory_tokens = settings.memory_tokens or 0
     result = run_eval(args.checkpoint, args.store, settings, out=out, device=str(resolve_device(args.device)),
                       progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":

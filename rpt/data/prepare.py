@@ -68,18 +68,19 @@ def _is_store_root(folder: Path) -> bool:
 OWNER = Owner("prepare", ("tokenizer.json", "prepare.json", *SPLITS, "labels", ".*.partial", ".*.tmp"), _is_store_root)
 
 
-def store_source(store: str | Path) -> dict[str, str]:
+def store_source(store: str | Path, tokenizer_hash: str | None = None) -> dict[str, str]:
     """What a store under `store` (a `rpt prepare` root, or one of its splits) was built from, as DataConfig fields:
     ``{"corpus": ..., "tokenizer": ..., "store": <its root>}`` from its prepare.json; {} for a store without one (built
-    by an earlier rpt, or a single split written another way)."""
+    by an earlier rpt, or a single split written another way). With `tokenizer_hash`, only a store of that tokenizer."""
     root = Path(store)
     for folder in (root, root.parent):
         try:
             rec = json.loads((folder / "prepare.json").read_text())
             corpus, tokenizer = rec["corpus"]["spec"], rec["tokenizer"]["name"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            same = tokenizer_hash is None or rec["tokenizer"].get("hash") == tokenizer_hash
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             continue
-        if isinstance(corpus, str) and isinstance(tokenizer, str):
+        if same and isinstance(corpus, str) and isinstance(tokenizer, str):
             return {"corpus": corpus, "tokenizer": tokenizer, "store": str(folder)}
     return {}
 

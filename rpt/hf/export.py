@@ -156,17 +156,12 @@ def prepared_data(store: str, tokenizer_hash: str | None) -> dict[str, str]:
     prepare.json ({"corpus": spec, "tokenizer": name}), where that store is still there and holds tokens of the run's
     tokenizer (same hash); {} otherwise. A run's config may not say them: `rpt train` on a store takes the store as it
     is, whatever data.corpus and data.tokenizer hold (their defaults, stdlib and bpe:8192, or a preset's)."""
+    from rpt.data.prepare import store_source
+
     if not store or tokenizer_hash is None:
         return {}
-    for folder in (Path(store), Path(store).parent):  # the store, or the store of which it is a split
-        try:
-            prepared = json.loads((folder / "prepare.json").read_text())
-            corpus, tok = prepared["corpus"]["spec"], prepared["tokenizer"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            continue
-        if isinstance(tok, dict) and tok.get("hash") == tokenizer_hash and isinstance(corpus, str):
-            return {"corpus": corpus, "tokenizer": str(tok.get("name"))}
-    return {}
+    source = store_source(store, tokenizer_hash)
+    return {k: source[k] for k in ("corpus", "tokenizer")} if source else {}
 
 
 def hf_tokenizer(tokenizer: Any) -> Any:
