@@ -161,11 +161,13 @@ def _check_result(path: Path, checkpoint: Path, step: int, source: str, s: Sweep
         ev = r["eval"]
         made = {"step": r["step"], "source": ev["source"], "split": ev["split"], "max_documents": ev["max_documents"],
                 "labels": ev.get("labels"), "metrics": "model" in (r.get("retrieval") or {}),
-                "memory_tokens": ev.get("memory_tokens")}
+                "memory_tokens": ev.get("memory_tokens"),
+                "oracle": ev.get("oracle", "positives") if ev["source"] == "oracle" else None}
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{path}: not an `rpt eval` result; delete it to evaluate again") from None
     want = {"step": step, "source": source, "split": "test", "max_documents": s.max_documents,
-            "labels": str(labels) if labels is not None else None, "metrics": metrics, "memory_tokens": None}
+            "labels": str(labels) if labels is not None else None, "metrics": metrics, "memory_tokens": None,
+            "oracle": "top-k" if source == "oracle" else None}  # a result without the key fed only positives
     diff = [f"{k} {made[k]!r}, now {want[k]!r}" for k in want if made[k] != want[k]]
     if Path(str(r.get("checkpoint"))).resolve() != checkpoint.resolve():
         diff.insert(0, f"checkpoint {r.get('checkpoint')}")

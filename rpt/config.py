@@ -357,6 +357,9 @@ class EvalConfig:
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: the model under autocast on GPUs (the NLL in fp32)
     retriever: str = ""  # a DPR-style retriever (`rpt dpr`) or hf:NAME: the neighbours of source dpr
     memory_tokens: int = 0  # memorizing: its kNN memory's size at evaluation (0: the checkpoint's model setting)
+    # what source oracle feeds: the scorer's top K of the scored candidates, positives first (the paper's "best
+    # neighbours according to the scoring LM") | only its positives (s_t > 0): fewer than K where fewer exist
+    oracle: Literal["top-k", "positives"] = "top-k"
 
 
 @dataclass

@@ -31,9 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "each adds 2 chunks of keys to every CCA layer (the paper uses 2, 3 or 4; default 2)")
     p.add_argument("--source", choices=("auto", "model", "bm25", "oracle", "dpr", "random", "none"),
                    help="neighbours fed to CCA: auto (the variant's default, below), model (own retriever; default "
-                   "for rpt-*), bm25 (query c_q only; default for retro), oracle (scorer's best positives; needs "
-                   "--labels), dpr (a DPR-style retriever, --retriever), random (random retrievable chunks of the "
+                   "for rpt-*), bm25 (query c_q only; default for retro), oracle (the scorer's best candidates, "
+                   "--oracle; needs --labels), dpr (a DPR-style retriever, --retriever), random (random retrievable chunks of the "
                    "same document: the control), none (default for xl and the baselines)")
+    p.add_argument("--oracle", choices=("top-k", "positives"),
+                   help="what --source oracle feeds: top-k (the scorer's K best scored candidates, positives first; "
+                   "default) or positives (only candidates with s_t > 0: fewer than K where fewer exist)")
     p.add_argument("--retriever", help="a DPR-style retriever folder (`rpt dpr`) or hf:NAME: the neighbours of --source "
                    "dpr, and one more ranking under --metrics")
     p.add_argument("--labels", help="sem label store of this split with span doc (`rpt label --kind sem --span doc`): "
@@ -113,7 +116,8 @@ def format_summary(result: dict[str, Any]) -> str:
 _EVAL_FLAGS = {"split": "split", "neighbors": "n_neighbors", "source": "source", "memory": "memory",
                "max_documents": "max_documents", "labels": "labels", "metrics": "with_metrics",
                "per_chunk": "per_chunk", "baseline": "baseline", "bm25_stats": "bm25_statistics",
-               "precision": "precision", "retriever": "retriever", "memory_tokens": "memory_tokens"}
+               "precision": "precision", "retriever": "retriever", "memory_tokens": "memory_tokens",
+               "oracle": "oracle"}
 
 
 def apply_eval_config(args: argparse.Namespace) -> EvalConfig:

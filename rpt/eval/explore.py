@@ -161,14 +161,14 @@ def _finite(x: float) -> float | None:
 
 
 def gold_ids(labels: LabelRows, kind: str, k: int) -> np.ndarray:
-    """The oracle's neighbours [C, k]: the best positives by s_t (sem, `rpt.eval.perplexity.oracle_neighbors`) or the
-    BM25 (c_q, c_t) order (lex: its top-k are the positives), -1 where fewer."""
+    """The gold's neighbours [C, k]: the best positives by s_t (sem, `rpt.eval.perplexity.oracle_neighbors` with
+    oracle "positives") or the BM25 (c_q, c_t) order (lex: its top-k are the positives), -1 where fewer."""
     from rpt.eval.perplexity import oracle_neighbors
 
     cand = np.asarray(labels.candidates, dtype=np.int64)
     if kind == "lex":
         return np.pad(cand[:, :k], ((0, 0), (0, max(0, k - cand.shape[1]))), constant_values=-1)
-    return oracle_neighbors(cand, np.asarray(labels.target), k)
+    return oracle_neighbors(cand, np.asarray(labels.target), k, "positives")
 
 
 def bm25_causal(tokens: np.ndarray, chunk_size: int, segment_len: int, k: int) -> tuple[np.ndarray, np.ndarray]:

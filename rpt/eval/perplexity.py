@@ -9,8 +9,11 @@ Neighbour sources (`source`):
     bm25    RETRO at inference: BM25 with the query chunk c_q ONLY over the retrievable chunks of the document so far,
             with BM25 statistics of those chunks (`bm25_neighbors`; bm25_candidates' whole-document statistics are an
             option)
-    oracle  the scoring LM's best candidates: top-K by target score s_t among the positives (s_t > 0) of a ``sem``
-            label store with span ``doc``
+    oracle  the scoring LM's best candidates (§5 "Oracles": the best neighbours according to the scoring LM): the
+            top K by target score s_t among the scored candidates of a ``sem`` label store with span ``doc``, the
+            positives (s_t > 0) first; ``oracle="positives"`` gives only the positives, so a query chunk with fewer
+            than K positives gets fewer neighbours (a model trained with K neighbours then reads fewer than it was
+            trained with, and the row is no ceiling)
     random  K distinct retrievable chunks of the same document drawn uniformly (a fixed draw per document): the
             control for a retrieval gain, which any chunk of the document might bring by priming its vocabulary
     none    no neighbours (CCA sees only its null key); the only source for xl
@@ -75,11 +78,19 @@ def random_neighbors(n_chunks: int, chunk_size: int, segment_len: int, k: int, d
     return ids
 
 
-def oracle_neighbors(candidates: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
-    """The scorer's best candidates [C, k]: top-k by s_t among the positives (s_t > 0); -1 where fewer exist."""
+ORACLES = ("top-k", "positives")  # what the oracle feeds: the scorer's top K of the scored candidates | its positives
+
+
+def oracle_neighbors(candidates: np.ndarray, target: np.ndarray, k: int, oracle: str = "top-k") -> np.ndarray:
+    """The scorer's best candidates [C, k] by s_t: oracle "top-k" ranks every scored candidate (finite s_t), so the
+    positives come first and a query chunk gets k neighbours wherever k were scored; "positives" ranks only the
+    positives (s_t > 0). -1 where fewer exist. The retrieval metrics count only positives, so both rank the same."""
+    if oracle not in ORACLES:
+        raise argument_error("oracle", oracle, f"must be one of {', '.join(ORACLES)}")
     cand = np.asarray(candidates, dtype=np.int64)
     t = np.asarray(target, dtype=np.float64)
-    score = np.where((cand >= 0) & np.isfinite(t) & (t > 0), t, -np.inf)
+    keep = (cand >= 0) & np.isfinite(t) & ((t > 0) if oracle == "positives" else True)
+    score = np.where(keep, t, -np.inf)
     order = np.argsort(-score, axis=1, kind="stable")[:, :k]
     ids = np.take_along_axis(cand, order, 1)
     ids[~np.isfinite(np.take_along_axis(score, order, 1))] = -1
@@ -223,11 +234,12 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
              labels=None, memory: Callable[[], ChunkMemory] | None = None, with_metrics: bool = False,
              per_chunk: bool = False, bm25_statistics: Literal["causal", "document"] = "causal", rank: int = 0,
              world_size: int = 1, progress: bool = False, autocast_dtype: torch.dtype | None = None,
-             retriever=None, train_pool: int = 27) -> dict[str, Any]:
+             retriever=None, train_pool: int = 27, oracle: str = "top-k") -> dict[str, Any]:
     """Evaluate this rank's share of `docs`; returns sums (not yet reduced over ranks) and per-document records.
     train_pool: the largest pool of retrievable chunks a training span gave (`training_pool`), the first bound of
     the metrics' pool-size buckets.
     retriever: the DPR-style retriever of source "dpr" (`rpt.retrievers.dpr`); with --metrics it is ranked too.
+    oracle: what source "oracle" feeds, "top-k" or "positives" (`oracle_neighbors`).
 
     Returns {"sums": {"nll_sum", "n_targets", "metrics.model.*", "metrics.bm25.*", "overlap.model.*", ...},
              "documents": [record, ...]} with one record per document of this rank (see `run_eval`).
@@ -237,6 +249,8 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
     cfg = model.cfg
     M, S, K = cfg.chunk_size, cfg.segment_len, n_neighbors
     check_source(cfg.variant, source)
+    if oracle not in ORACLES:
+        raise argument_error("oracle", oracle, f"must be one of {', '.join(ORACLES)}")
     if (source == "oracle" or with_metrics) and labels is None:
         if source == "oracle":
             raise argument_error("source", source, "needs {labels} (sem, span doc)")
@@ -268,7 +282,7 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
         elif source == "dpr":
             supplied = dpr_ids[:, :K]
         elif source == "oracle":
-            supplied = oracle_neighbors(rows.candidates, rows.target, K)
+            supplied = oracle_neighbors(rows.candidates, rows.target, K, oracle)
         elif source == "random":
             supplied = random_neighbors(n_chunks, M, S, K, doc=d)
         elif source == "none" and cfg.uses_retrieval:
@@ -456,7 +470,7 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
          "environment": {"machine", "cpu_count", "gpu", "threads", "torch", "python", "rpt", "platform"},
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
-                  "retriever", "memory_tokens", ["gold", "query_fraction"] (with labels)},
+                  "retriever", "memory_tokens", "oracle", ["gold", "query_fraction"] (with labels)},
          "total": {"n_documents", "n_tokens", "nll_sum", "n_targets", "nll_mean", "perplexity", "seconds",
                    "tokens_per_second", "peak_memory_bytes",
                    ["scored": {"nll_sum", "n_targets", "perplexity", "token_share", "definition"}]  (with labels)},
@@ -539,7 +553,8 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
                         memory=factory, with_metrics=with_metrics, per_chunk=per_chunk, bm25_statistics=bm25_statistics,
                         rank=info.rank, world_size=info.world_size, progress=progress and info.is_main,
                         autocast_dtype=torch.bfloat16 if precision == "bf16" else None, retriever=dpr,
-                        train_pool=training_pool(cfg.data.seq_len, mcfg.chunk_size, mcfg.segment_len))
+                        train_pool=training_pool(cfg.data.seq_len, mcfg.chunk_size, mcfg.segment_len),
+                        oracle=s.oracle)
         # every rank reduces the same names in the same order (a rank without documents has no metric keys)
         names = sorted({n for ns in D.all_gather_object(sorted(part["sums"]), info) for n in ns})
         sums = reduce_sums(part["sums"], names, info)
@@ -558,7 +573,7 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
                      "per_chunk": per_chunk, "baseline": None if baseline is None else str(baseline),
                      "bm25_statistics": bm25_statistics, "precision": precision,
                      "retriever": None if dpr is None else str(retriever),
-                     "memory_tokens": memory_tokens},
+                     "memory_tokens": memory_tokens, "oracle": s.oracle},
         }
         result["environment"] = environment()
         result.update(summarize(sums, documents, seconds))

@@ -106,11 +106,17 @@ def test_bm25_document_statistics_are_bm25_candidates_with_the_chunk_query():
 def test_oracle_neighbours_hand_case():
     cand = np.array([[4, 2, 7, -1], [3, 1, -1, -1], [-1, -1, -1, -1]])
     target = np.array([[0.5, 2.0, -1.0, np.nan], [-0.3, -0.1, np.nan, np.nan], [np.nan] * 4], dtype=np.float32)
-    np.testing.assert_array_equal(oracle_neighbors(cand, target, 2), [[2, 4], [-1, -1], [-1, -1]])
-    np.testing.assert_array_equal(oracle_neighbors(cand, target, 6)[0], [2, 4, -1, -1, -1, -1])
+    # the default: the scorer's top k of the scored candidates, positives first; nothing where nothing was scored
+    np.testing.assert_array_equal(oracle_neighbors(cand, target, 2), [[2, 4], [1, 3], [-1, -1]])
+    np.testing.assert_array_equal(oracle_neighbors(cand, target, 6)[0], [2, 4, 7, -1, -1, -1])
+    # only the positives (s_t > 0): fewer than k where fewer exist
+    np.testing.assert_array_equal(oracle_neighbors(cand, target, 2, "positives"), [[2, 4], [-1, -1], [-1, -1]])
+    np.testing.assert_array_equal(oracle_neighbors(cand, target, 6, "positives")[0], [2, 4, -1, -1, -1, -1])
+    with pytest.raises(UserError, match="oracle"):
+        oracle_neighbors(cand, target, 2, "best")
 
 
-def test_oracle_source_feeds_the_scorer_best_positives(tmp_path):
+def test_oracle_source_feeds_the_scorer_best_candidates(tmp_path):
     model = make_model("rpt-sem")
     tok = word_tokenizer()
     lengths = [26 * M + 3]
@@ -123,10 +129,24 @@ def test_oracle_source_feeds_the_scorer_best_positives(tmp_path):
     np.testing.assert_array_equal(used, expected)
     assert (used >= 0).sum() > 10
     _assert_retrievable(used)
+    # every query chunk with K scored candidates gets K neighbours; with "positives" those without enough positives
+    # get fewer, and the rest the same
+    scored = (np.isfinite(rows.target) & (rows.candidates >= 0)).sum(1)
+    assert (used[scored >= 2] >= 0).all()
+    pos = evaluate(model, store, [0], source="oracle", labels=labels, memory=TorchMemory, per_chunk=True,
+                   oracle="positives")
+    used_pos = np.asarray(pos["documents"][0]["chunks"]["neighbors"])
+    np.testing.assert_array_equal(used_pos, oracle_neighbors(rows.candidates, rows.target, 2, "positives"))
+    few = ((rows.target > 0) & (rows.candidates >= 0)).sum(1) < 2
+    assert few.any() and (used_pos[few] < 0).any() and (used_pos[~few] == used[~few]).all()
     t = np.where(np.isnan(rows.target), -np.inf, rows.target)
-    for i, row in enumerate(used):  # each used neighbour is a positive
+    for i, row in enumerate(used_pos):  # with "positives", each used neighbour is a positive
         for j in row[row >= 0]:
             assert t[i][list(rows.candidates[i]).index(j)] > 0
+    for i, row in enumerate(used):  # by default, the best scored: none of the unused scores above a used one
+        st = [t[i][list(rows.candidates[i]).index(j)] for j in row[row >= 0]]
+        rest = [x for j, x in zip(rows.candidates[i], t[i], strict=True) if j >= 0 and j not in row]
+        assert st == sorted(st, reverse=True) and (not st or not rest or min(st) >= max(rest))
 
 
 def test_none_source_gives_empty_neighbours_and_differs_from_model(tmp_path):
