@@ -148,3 +148,20 @@ def test_every_benchmark_is_listed_and_backs_a_documented_figure():
     assert scripts
     assert not [s for s in scripts if f"| `{s}` |" not in listing], "benchmarks missing from benchmarks/README.md"
     assert not [s for s in scripts if s not in pages], "benchmarks no page of docs/ names"
+
+
+def test_readme_results_are_short_enough_to_read():
+    """README's results: at most five lines of text before the table, and one sentence of about 200 characters at
+    most per finding; the detail lives on the pages."""
+    section = README_RESULTS.search((ROOT / "README.md").read_text())
+    assert section, "README.md has no '## Results' section"
+    text = section.group(1).strip().split("\n\n")
+    assert len(text[0].splitlines()) <= 5, text[0]
+    rows = [r for r in section.group(1).splitlines() if r.startswith("| ") and not r.startswith("| question")]
+    assert len(rows) >= 5
+    for row in rows:
+        finding = [c.strip() for c in row.strip().strip("|").split("|")][1]
+        assert len(finding) <= 210, f"{len(finding)} characters: {finding}"
+
+
+README_RESULTS = re.compile(r"^## Results\n(.*?)^## ", re.S | re.M)
