@@ -79,7 +79,7 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def evaluate_checkpoint(path: str, work: Path, split: str, k: int, first_chunk: int, labels: Path,
-                        device: str) -> dict[str, Any]:
+                        device: str, oracle: str = "top-k") -> dict[str, Any]:
     """Every source of one checkpoint: per source, the target tokens' and whole documents' perplexity; the metrics."""
     from rpt.api import load
     from rpt.config import EvalConfig
@@ -89,7 +89,7 @@ def evaluate_checkpoint(path: str, work: Path, split: str, k: int, first_chunk: 
     out: dict[str, Any] = {"checkpoint": str(loaded.path), "sources": {}}
     for source in SOURCES:
         settings = EvalConfig(split=split, n_neighbors=k, source=source, labels=str(labels), per_chunk=True,
-                              with_metrics=source == "model")
+                              with_metrics=source == "model", oracle=oracle)
         r = run_eval(None, work / "store", settings, loaded=loaded)
         nll = [target_sums(doc, first_chunk) for doc in r["documents"]]
         s, n = sum(x for x, _ in nll), sum(y for _, y in nll)
@@ -172,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", required=True, help="folder for the evaluation store and its labels")
     p.add_argument("--out", required=True, help="result JSON")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--oracle", choices=("top-k", "positives"), default="top-k",
+                   help="the oracle row's neighbours: the scorer's K best scored candidates, or only its positives "
+                   "(fewer than K where fewer exist), as `rpt eval --oracle`")
     p.add_argument("--threads", type=int)
     return p
 
@@ -216,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(code)
     label_s = time.perf_counter() - t0
     first_chunk = a.first // cfg.chunk_size
-    runs = [evaluate_checkpoint(c, work, a.split, a.neighbors, first_chunk, labels, a.device) for c in a.checkpoint]
+    runs = [evaluate_checkpoint(c, work, a.split, a.neighbors, first_chunk, labels, a.device, a.oracle)
+            for c in a.checkpoint]
     back = backbone_rows(cfg.backbone, work, a.split, cfg, a.neighbors, a.first, a.device)
     rows = {s: spread([r["sources"][s]["targets"]["perplexity"] for r in runs]) for s in SOURCES}
     retrieval = {}
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "document_ids": ids, "documents": len(ids), "tokens": a.tokens, "first": a.first,
               "target_tokens": runs[0]["sources"]["none"]["targets"]["n"],
               "window": f"{cfg.segment_len + 1}-{2 * cfg.segment_len} tokens (S = {cfg.segment_len})",
-              "k": a.neighbors, "query_fraction": a.query_fraction, "label_seconds": label_s,
+              "k": a.neighbors, "oracle": a.oracle, "query_fraction": a.query_fraction, "label_seconds": label_s,
               "seconds": time.perf_counter() - t0, "rows": rows, "backbone_rows": back,
               "retrieval": retrieval, "retrieval_gold": runs[0].get("retrieval_gold"), "checkpoints": runs}
     write_json_atomic(out, result, verb="eval")

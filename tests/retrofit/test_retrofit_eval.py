@@ -20,7 +20,7 @@ def test_every_control_in_one_json_and_table(retrofit_run, tmp_path, benchmark_s
     text = capsys.readouterr().out
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["written_by"] == "rpt eval" and saved["documents"] == 1
-    assert saved["target_tokens"] == 32
+    assert saved["target_tokens"] == 32 and saved["oracle"] == "top-k"  # the scorer's K best, as `rpt eval`
     for source in ("model", "none", "random", "bm25", "oracle"):
         row = saved["rows"][source]
         assert len(row["seeds"]) == 2 and row["seeds"][0] == row["seeds"][1] and math.isfinite(row["mean"])
