@@ -177,8 +177,11 @@ def test_eval_config_section_gives_the_defaults_and_flags_win(tmp_path, store):
     apply_eval_config(args)
     assert (args.split, args.neighbors, args.source, args.store) == ("validation", 4, "none", "elsewhere")
     args = p.parse_args(["eval", "--checkpoint", "x", "--store", "s"])
-    apply_eval_config(args)  # no config: EvalConfig's defaults
+    settings = apply_eval_config(args)  # no config: EvalConfig's defaults
     assert (args.split, args.neighbors, args.source, args.max_documents) == ("test", 2, None, 0)
+    assert settings.oracle == "top-k"
+    settings = apply_eval_config(p.parse_args(["eval", "--checkpoint", "x", "--store", "s", "--oracle", "positives"]))
+    assert settings.oracle == "positives"
 
 
 def test_a_field_under_its_former_name_is_named_by_the_library_and_read_by_the_lab(tmp_path):
