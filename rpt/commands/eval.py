@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=("auto", "model", "bm25", "oracle", "dpr", "random", "none"),
                    help="neighbours fed to CCA: auto (the variant's default, below), model (own retriever; default "
                    "for rpt-*), bm25 (query c_q only; default for retro), oracle (the scorer's best candidates, "
-                   "--oracle; needs --labels), dpr (a DPR-style retriever, --retriever), random (random retrievable chunks of the "
-                   "same document: the control), none (default for xl and the baselines)")
+                   "--oracle; needs --labels), dpr (a DPR-style retriever, --retriever), random (random retrievable "
+                   "chunks of the same document: the control), none (default for xl and the baselines)")
     p.add_argument("--oracle", choices=("top-k", "positives"),
                    help="what --source oracle feeds: top-k (the scorer's K best scored candidates, positives first; "
                    "default) or positives (only candidates with s_t > 0: fewer than K where fewer exist)")
