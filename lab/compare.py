@@ -620,9 +620,9 @@ def to_markdown(table: dict[str, Any]) -> str:
                 lines.append(f"| {name} | " + " | ".join(_fmt(_once(bs.get(b), who), pct=True) for b in names) + " |")
         against = [r for r in with_metrics if any(f"p2_vs_{w}" in r for w in AGAINST)]
         if against:
-            lines += ["", "The model's P@2 minus another ranking's, in points (mean ± sd over seeds; [low, high]: 95% "
-                      "interval from resampling the test documents; an interval containing 0 does not support a "
-                      "difference):", "", "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
+            lines += ["", "The model's P@2 minus another ranking's, in points (mean ± sd over runs; [low, high]: 95% "
+                      "interval from resampling runs and test documents together; an interval containing 0 does not "
+                      "support a difference):", "", "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
                       "|---|" + "---|" * len(AGAINST)]
             for r in against:
                 cells = [_fmt(r.get(f"p2_vs_{w}"), pct=True) + _ci_points(r.get(f"p2_vs_{w}_ci")) for w in AGAINST]
