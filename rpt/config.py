@@ -627,11 +627,10 @@ def _normalise(cls: type, data: dict[str, Any], prefix: str = "") -> dict[str, A
     return out
 
 
-def _merge(a: dict, b: dict, cls: type | None = None) -> dict:
-    """Config dict `b` over `a` (both for dataclass `cls`, default RPTConfig): nested sections merge field by field, a
-    named setting or dotted key in either is read first (`_normalise`)."""
-    cls = cls or RPTConfig
-    return _deep_merge(_normalise(cls, a), _normalise(cls, b))
+def _merge(a: dict, b: dict) -> dict:
+    """RPTConfig dict `b` over `a`: nested sections merge field by field, a named setting or dotted key in either is
+    read first (`_normalise`)."""
+    return _deep_merge(_normalise(RPTConfig, a), _normalise(RPTConfig, b))
 
 
 def _deep_merge(a: dict, b: dict) -> dict:
@@ -667,9 +666,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, str):
-            value = _setting(tp, value, key)
+    if dataclasses.is_dataclass(tp):  # a named setting is a dict by now (from_dict's `_normalise`)
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
         return from_dict(tp, value, prefix=key)

@@ -81,12 +81,16 @@ def random_neighbors(n_chunks: int, chunk_size: int, segment_len: int, k: int, d
 ORACLES = ("top-k", "positives")  # what the oracle feeds: the scorer's top K of the scored candidates | its positives
 
 
+def check_oracle(oracle: str) -> None:
+    if oracle not in ORACLES:
+        raise argument_error("oracle", oracle, f"must be one of {', '.join(ORACLES)}")
+
+
 def oracle_neighbors(candidates: np.ndarray, target: np.ndarray, k: int, oracle: str = "top-k") -> np.ndarray:
     """The scorer's best candidates [C, k] by s_t: oracle "top-k" ranks every scored candidate (finite s_t), so the
     positives come first and a query chunk gets k neighbours wherever k were scored; "positives" ranks only the
     positives (s_t > 0). -1 where fewer exist. The retrieval metrics count only positives, so both rank the same."""
-    if oracle not in ORACLES:
-        raise argument_error("oracle", oracle, f"must be one of {', '.join(ORACLES)}")
+    check_oracle(oracle)
     cand = np.asarray(candidates, dtype=np.int64)
     t = np.asarray(target, dtype=np.float64)
     keep = (cand >= 0) & np.isfinite(t) & ((t > 0) if oracle == "positives" else True)
@@ -249,8 +253,7 @@ def evaluate(model: torch.nn.Module, store: TokenStore, docs: list[int], *, sour
     cfg = model.cfg
     M, S, K = cfg.chunk_size, cfg.segment_len, n_neighbors
     check_source(cfg.variant, source)
-    if oracle not in ORACLES:
-        raise argument_error("oracle", oracle, f"must be one of {', '.join(ORACLES)}")
+    check_oracle(oracle)
     if (source == "oracle" or with_metrics) and labels is None:
         if source == "oracle":
             raise argument_error("source", source, "needs {labels} (sem, span doc)")
