@@ -9,6 +9,7 @@ from cli_parsers import main
 from rpt.config import VARIANTS
 
 
+@pytest.mark.slow  # 8 s: the default suite keeps its 5-minute budget; -m slow runs it
 def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     import lab.demo as demo
 
