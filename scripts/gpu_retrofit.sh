@@ -17,7 +17,9 @@
 # the cache along; DOMAINS="code:stdlib" runs code alone. A failing step does not stop the other domains.
 # Overridable by environment: DOMAINS ("code:stdlib books:kjv") SEEDS ("0 1 2") STEPS (150) BATCH (4) SEQ (2048)
 # SEGMENT (128) CCA ([24,27]) LR (1e-3) DOCS (6) TOKENS (2048) FIRST (1024) QUERY_FRACTION (1) DEVICE (cuda)
-# PRECISION (bf16) RPT (rpt) PYTHON (python).
+# PRECISION (bf16) LORA_RANK (0: the backbone frozen whole; R: LoRA adapters of rank R on its attention, peft)
+# SIDE_BY_SIDE (1: a domain's seeds train at the same time on the one GPU, each logging only to its
+# file; 0: one after another) RPT (rpt) PYTHON (python).
 set -uo pipefail
 
 out=${1:-runs/gpu-retrofit}
@@ -40,6 +42,8 @@ FIRST=${FIRST:-1024}
 QUERY_FRACTION=${QUERY_FRACTION:-1}
 DEVICE=${DEVICE:-cuda}
 PRECISION=${PRECISION:-bf16}
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-1}
+LORA_RANK=${LORA_RANK:-0}
 PYTHON=${PYTHON:-python}
 RPT=${RPT:-rpt}
 
@@ -88,12 +92,23 @@ for domain in $DOMAINS; do
   run "$name/label" $RPT label --store "$store" --split train --kind lex --span "$SEQ" --segment-len "$SEGMENT" \
     --no-progress || continue
   runs=()
+  pids=()
   for seed in $SEEDS; do
-    run "$name/train-s$seed" $RPT train --preset tiny --variant rpt-lex --backbone "$BACKBONE" --store "$store" \
+    train=($RPT train --preset tiny --variant rpt-lex --backbone "$BACKBONE" --store "$store" \
       --labels "$store/labels/train-lex-$SEQ" --out "$out/$name/rpt-lex-s$seed" --steps "$STEPS" --batch-size "$BATCH" \
       --seq-len "$SEQ" --seed "$seed" --lr "$LR" --device "$DEVICE" --precision "$PRECISION" --no-progress \
       --set "model.segment_len=$SEGMENT" --set "model.cca_layers=$CCA" --set train.warmup_steps=10 \
-      --set train.alpha_ramp_steps=10 --set "train.checkpoint_every=$STEPS" && runs+=("$out/$name/rpt-lex-s$seed")
+      --set train.alpha_ramp_steps=10 --set "train.checkpoint_every=$STEPS")
+    [ "$LORA_RANK" = 0 ] || train+=(--lora-rank "$LORA_RANK")
+    if [ "$SIDE_BY_SIDE" = 1 ] && [ "$DRY_RUN" != 1 ]; then  # each seed's log only in its file: they would interleave
+      run "$name/train-s$seed" "${train[@]}" > /dev/null &
+      pids+=("$!:$seed")
+    else
+      run "$name/train-s$seed" "${train[@]}" && runs+=("$out/$name/rpt-lex-s$seed")
+    fi
+  done
+  for p in "${pids[@]}"; do
+    if wait "${p%%:*}"; then runs+=("$out/$name/rpt-lex-s${p#*:}"); else failed+=("$name/train-s${p#*:}"); fi
   done
   [ ${#runs[@]} -gt 0 ] || continue
   run "$name/eval" $PYTHON benchmarks/retrofit_eval.py --checkpoint "${runs[@]}" --store "$store" --split test \
