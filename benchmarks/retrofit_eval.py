@@ -93,7 +93,8 @@ def evaluate_checkpoint(path: str, work: Path, split: str, k: int, first_chunk: 
         r = run_eval(None, work / "store", settings, loaded=loaded)
         nll = [target_sums(doc, first_chunk) for doc in r["documents"]]
         s, n = sum(x for x, _ in nll), sum(y for _, y in nll)
-        out["sources"][source] = {"targets": {"nll_sum": s, "n": n, "perplexity": math.exp(s / n)},
+        out["sources"][source] = {"targets": {"nll_sum": s, "n": n, "perplexity": math.exp(s / n),
+                                              "documents": [[x, y] for x, y in nll]},  # for intervals over documents
                                   "documents_perplexity": r["total"]["perplexity"],
                                   "scored_perplexity": (r["total"].get("scored") or {}).get("perplexity"),
                                   "seconds": r["total"]["seconds"]}

@@ -57,3 +57,21 @@ def test_refusals_are_one_line(tmp_path):
         r = run(str(tmp_path / "gr"), BACKBONE="/models/smollm2.gguf")
         assert r.returncode == 2 and "no CUDA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "gr").exists()
+
+
+def test_seeds_side_by_side_each_failure_named(tmp_path):
+    """SIDE_BY_SIDE=1 (the default) trains a domain's seeds at once: a failing seed is named, the others evaluated."""
+    stand_in = tmp_path / "rpt"
+    stand_in.write_text('#!/bin/bash\necho "$*" >> "$(dirname "$0")/calls"\n'
+                        'case " $* " in *" --seed 1 "*) exit 3;; esac\nexit 0\n')
+    stand_in.chmod(0o755)
+    out = tmp_path / "gr"
+    r = run(str(out), RPT=str(stand_in), PYTHON=str(stand_in), BACKBONE="/models/folder", DEVICE="cpu",
+            DOMAINS="code:stdlib", LORA_RANK="8")
+    assert r.returncode == 1 and "failed steps: code/train-s1" in r.stderr, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    trains = [c for c in calls if c.startswith("train ")]
+    assert len(trains) == 3 and all(c.endswith("--lora-rank 8") for c in trains)
+    evals = [c for c in calls if "retrofit_eval.py" in c]
+    assert len(evals) == 1 and f"{out}/code/rpt-lex-s0 {out}/code/rpt-lex-s2 --store" in evals[0]
+    assert "== code/train-s1: exit 3 after" in (out / "code" / "train-s1.txt").read_text()

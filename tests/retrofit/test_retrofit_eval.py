@@ -29,3 +29,8 @@ def test_every_control_in_one_json_and_table(retrofit_run, tmp_path, benchmark_s
     assert {"model", "bm25", "recency", "random", "oracle"} <= set(saved["retrieval"])
     assert "retrofit, its own neighbours" in text and "backbone, full context" in text and "| recency |" in text
     assert result["rows"] == saved["rows"]
+    for run_result in saved["checkpoints"]:  # each document's sums, so an interval can resample documents
+        for got in run_result["sources"].values():
+            t = got["targets"]
+            assert len(t["documents"]) == 1 and sum(n for _, n in t["documents"]) == t["n"]
+            assert math.isclose(sum(x for x, _ in t["documents"]), t["nll_sum"])
