@@ -558,10 +558,13 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         print(f"rpt train: resuming {out_dir} from step {start} of {tc.steps} ({last})"
               + (f"; changed settings: {'; '.join(changes)}{lr_note}" if changes else ""), flush=True)
     log = RunLog(out_dir, start, tc.steps, info.is_main, tc.tensorboard, progress, cfg if tc.wandb else None)
+    # the run's config and every checkpoint's record what the store was built from (its prepare.json), not the
+    # defaults of data.*: a result evaluated from a checkpoint names the corpus it was trained on
+    source = store_source(store_root if store_root is not None else cfg.data.store)
+    built_from = {k: v for k, v in source.items() if k != "store"}  # data.store stays as given: it is compared on resume
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **built_from))
     if info.is_main:
         mark_folder(out_dir, OWNER)
-        # the config records what the store was built from (its prepare.json), not the defaults of data.*
-        source = store_source(store_root if store_root is not None else cfg.data.store)
         _write_config(out_dir, dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **source)), start, changes)
         if init is not None:
             (out_dir / "init.json").write_text(json.dumps({"init_from": tc.init_from, **init.to_dict()}, indent=1) + "\n")

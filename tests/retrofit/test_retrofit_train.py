@@ -89,8 +89,8 @@ def test_a_few_updates_teach_cca_to_read_a_copy_beyond_the_window():
 
 
 def test_the_run_records_the_corpus_and_tokenizer_its_store_was_built_from(retrofit_run):
-    """config.yaml's data section names what `rpt prepare` built the store from (its prepare.json), not the preset's
-    defaults (bpe:2048, stdlib)."""
+    """config.yaml's data section, and every checkpoint's config, name what `rpt prepare` built the store from (its
+    prepare.json), not the preset's defaults (bpe:2048, stdlib)."""
     import json
 
     from rpt.config import RPTConfig
@@ -100,3 +100,7 @@ def test_the_run_records_the_corpus_and_tokenizer_its_store_was_built_from(retro
     data = RPTConfig.from_yaml(run / "config.yaml").data
     assert (data.corpus, data.tokenizer) == (built["corpus"]["spec"], built["tokenizer"]["name"])
     assert "llama" in data.tokenizer and data.corpus.endswith("corpus") and data.store == str(store)
+    from rpt.checkpoint import checkpoint_config, resolve_checkpoint
+
+    saved = checkpoint_config(resolve_checkpoint(str(run))).data  # what an eval result of the checkpoint records
+    assert (saved.corpus, saved.tokenizer) == (data.corpus, data.tokenizer)
