@@ -186,9 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from rpt.checkpoint import checkpoint_config, resolve_checkpoint
     from rpt.cli import main as rpt
-    from rpt.eval.perplexity import environment
     from rpt.outputs import Owner, claim_file, claim_folder, mark_folder
-    from rpt.utils import write_json_atomic
+    from rpt.utils import environment, write_json_atomic
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -490,7 +490,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             if domain in PAPER_METRICS and s.variant in PAPER_METRICS[domain]:
                 row["paper"]["metrics"] = PAPER_METRICS[domain][s.variant]
         rows.append(row)
-    from rpt.eval.perplexity import environment
+    from rpt.utils import environment
 
     note = None
     if domain is not None:
@@ -500,10 +500,15 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
                     f"({PAPER_CORPORA[domain]}), with other models and budgets; the paper's figures stand beside them "
                     "for reference only.")
     envs: list[dict[str, Any]] = []
+    trained: list[dict[str, Any]] = []
     for r in results:  # the machines and versions behind the results, each once (a rerun must match them)
         if (e := r.get("environment")) and e not in envs:
             envs.append(e)
+        for e in r.get("train_environments") or []:  # where the checkpoints' updates ran
+            if (e := {k: v for k, v in e.items() if k != "from_step"}) not in trained:
+                trained.append(e)
     return {"domain": domain, "paper_note": note, "rows": rows, "environment": environment(), "result_environments": envs,
+            "train_environments": trained,
             "note": "mean ± sd over runs (n: runs; a seed trained again in another folder is one more run); gains and "
                     "vs-xl ratios are paired per run; an ordering holds only where the gap exceeds the spread; "
                     "[low, high]: 95% interval from resampling runs and test documents together "
@@ -630,13 +635,18 @@ def to_markdown(table: dict[str, Any]) -> str:
     if one := [r["label"] for r in table["rows"] if r.get("one_document")]:
         lines += ["", f"No interval for {', '.join(one)}: the results hold one test document, and an interval "
                   "resamples documents (one cannot be resampled); the spread over runs is the ± beside the mean."]
-    if envs := table.get("result_environments"):
-        lines += ["", "Results from: " + "; ".join(
-            f"{e.get('machine')}, {e.get('cpu_count')} CPUs, {e.get('threads')} threads"
-            + (f", {e['gpu']}" if e.get("gpu") else "")
-            + f", torch {e.get('torch')}, Python {e.get('python')}, rpt {e.get('rpt')}" for e in envs) + "."]
+    for key, title in (("train_environments", "Trained on"), ("result_environments", "Results from")):
+        if envs := table.get(key):
+            lines += ["", f"{title}: " + "; ".join(map(_environment_text, envs)) + "."]
     lines += ["", table["note"]]
     return "\n".join(lines)
+
+
+def _environment_text(e: dict[str, Any]) -> str:
+    """"x86_64 (AMD EPYC), 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0"."""
+    return (f"{e.get('machine')}" + (f" ({e['cpu']})" if e.get("cpu") else "") + f", {e.get('cpu_count')} CPUs, "
+            f"{e.get('threads')} threads" + (f", {e['gpu']}" if e.get("gpu") else "")
+            + f", torch {e.get('torch')}, Python {e.get('python')}, rpt {e.get('rpt')}")
 
 
 def _ci_points(ci: tuple[float, float, int] | list | None) -> str:

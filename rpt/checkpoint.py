@@ -7,8 +7,10 @@ folder without the dot is always complete)::
                        names are listed in the metadata key "aliases" (JSON {alias: stored name})
     optimizer.pt       optimizer.state_dict()  (torch.save; loads with weights_only=True)
     rng.pt             per-rank RNG states: python `random`, numpy, torch CPU, torch CUDA
-    state.json         {"step", "data", "world_size", "metrics", "rpt_version", "files"}; "step" = updates done;
-                       "files" = {name: {"bytes", "sha256"}} of the four other files
+    state.json         {"step", "data", "world_size", "metrics", "rpt_version", "environments", "files"}; "step" =
+                       updates done; "environments" = where the updates ran: [{"from_step", **rpt.utils.environment()}],
+                       one entry per stretch run in one environment (a run resumed elsewhere, or at another thread
+                       count, adds one); "files" = {name: {"bytes", "sha256"}} of the four other files
     config.yaml        the full RPTConfig of the run
 
 `latest(out_dir)` finds the newest complete checkpoint; `latest_intact` the newest whose files still match their
@@ -341,12 +343,15 @@ class Checkpoint:
     data: dict[str, Any]
     metrics: dict[str, Any]
     config: RPTConfig
+    environments: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # where its updates ran (see above)
 
 
 def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
          cfg: RPTConfig, rng: list[dict[str, Any]], data: dict[str, Any], metrics: dict[str, Any] | None = None,
-         keep_last: int = 0) -> Path:
-    """Write a checkpoint atomically (rank 0 only), then prune old ones. Returns the final folder."""
+         keep_last: int = 0, environments: list[dict[str, Any]] | None = None) -> Path:
+    """Write a checkpoint atomically (rank 0 only), then prune old ones. Returns the final folder.
+
+    environments: where the updates up to `step` ran ([{"from_step", **rpt.utils.environment()}], oldest first)."""
     from rpt.version import __version__
 
     final = step_path(out_dir, step)
@@ -366,7 +371,8 @@ def save(out_dir: str | Path, step: int, model_state: dict[str, torch.Tensor], o
         cfg.to_yaml(writing)
         writing = tmp / "state.json"
         write_json_atomic(writing, {"step": step, "data": data, "world_size": len(rng), "metrics": metrics or {},
-                                    "rpt_version": __version__, "files": file_records(tmp)})
+                                    "rpt_version": __version__, "environments": environments or [],
+                                    "files": file_records(tmp)})
     except Exception as e:  # a full disk: OSError, or the writer's own error around it (safetensors, torch)
         shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder would only take more space
         if not isinstance(e, (OSError, RuntimeError)) and "SafetensorError" not in type(e).__name__:
@@ -402,6 +408,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoi
         data=state["data"],
         metrics=state.get("metrics", {}),
         config=RPTConfig.from_yaml(path / "config.yaml", recorded=True),
+        environments=list(state.get("environments", [])),
     )
 
 

@@ -232,6 +232,38 @@ def write_json_atomic(path: str | Path, obj: Any, verb: str | None = None) -> No
     write_text_atomic(path, dumps(obj) + "\n")
 
 
+def cpu_name() -> str:
+    """The CPU's model name ("AMD EPYC 7R13 Processor"): /proc/cpuinfo on Linux, else what the platform says.
+    Another CPU model's matrix kernels may round differently, so two runs of one command compare figure for figure
+    only on the same model."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+    """What a rerun must match to be compared figure for figure: the machine (architecture, CPU model and count, GPU),
+    torch's thread count, and the versions of torch, Python, rpt and the platform. Recorded by every checkpoint of
+    `rpt train` (one entry per stretch of updates run in one environment) and by every result of `rpt eval`."""
+    import platform
+
+    import torch
+
+    from rpt.version import __version__
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+            "rpt": __version__, "platform": platform.platform()}
+
+
 def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:
     """Comma-separated distinct integer seeds ("0,1,2"), or a UserError naming the flag."""
     try:

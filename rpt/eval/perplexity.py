@@ -46,7 +46,7 @@ from rpt.eval import analysis, metrics
 from rpt.labels.bm25 import bm25_neighbors
 from rpt.model.memory import ChunkMemory, make_memory, memory_name
 from rpt.model.registry import spec
-from rpt.utils import UserError, argument_error, write_json_atomic
+from rpt.utils import UserError, argument_error, environment, write_json_atomic
 
 RESULT_VERSION = 1
 SOURCES = ("model", "bm25", "oracle", "dpr", "random", "none")
@@ -442,21 +442,6 @@ def read_result(path: str | Path, arg: str, per_chunk: bool = False) -> dict[str
     return result
 
 
-def environment() -> dict[str, Any]:
-    """What a rerun must match to be compared figure for figure: the machine (architecture, CPU count, GPU), torch's
-    thread count, and the versions of torch, Python, rpt and the platform. Recorded in every result of `rpt eval` and
-    table of `python -m lab compare`."""
-    import os
-    import platform
-
-    from rpt.version import __version__
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"machine": platform.machine(), "cpu_count": os.cpu_count(), "gpu": gpu, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "rpt": __version__,
-            "platform": platform.platform()}
-
-
 def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | None = None, *,
              out: str | Path | None = None, device: str | None = None, progress: bool = True,
              loaded: Any = None) -> dict[str, Any]:
@@ -470,7 +455,8 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
     of loading `checkpoint` (which may then be None). Layout of the result::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
-         "environment": {"machine", "cpu_count", "gpu", "threads", "torch", "python", "rpt", "platform"},
+         "environment": {"machine", "cpu", "cpu_count", "gpu", "threads", "torch", "python", "rpt", "platform"},
+         "train_environments": [{"from_step", **environment}]  (the checkpoint's, see rpt.checkpoint),
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",
                   "retriever", "memory_tokens", "oracle", ["gold", "query_fraction"] (with labels)},
@@ -563,11 +549,11 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
         sums = reduce_sums(part["sums"], names, info)
         documents = sorted((r for rs in D.all_gather_object(part["documents"], info) for r in rs), key=lambda r: r["index"])
         seconds = max(D.all_gather_object(time.perf_counter() - t0, info))
-        state = ckpt / "state.json"
+        state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").is_file() else {}
         result: dict[str, Any] = {
             "format_version": RESULT_VERSION,
             "checkpoint": str(ckpt),
-            "step": json.loads(state.read_text()).get("step") if state.is_file() else None,
+            "step": state.get("step"),
             "config": cfg.to_dict(),
             "eval": {"store": str(tokens_store.path), "split": split, "n_neighbors": n_neighbors, "source": source,
                      "memory": memory_name(factory) if spec(mcfg.variant).state in ("chunk-memory", "token-memory") else None,
@@ -579,6 +565,9 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
                      "memory_tokens": memory_tokens, "oracle": s.oracle},
         }
         result["environment"] = environment()
+        # where the checkpoint was trained (one entry per stretch of updates; none for a checkpoint from before rpt
+        # recorded it): the figures depend on it more than on where they were evaluated
+        result["train_environments"] = state.get("environments", [])
         result.update(summarize(sums, documents, seconds))
         if label_store is not None:  # what the labels' gold holds, for the oracle and the scored-chunk figures
             result["eval"]["gold"] = gold_name(label_store.manifest)

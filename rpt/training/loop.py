@@ -59,7 +59,7 @@ from rpt.training.losses import (
 )
 from rpt.training.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.training.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
-from rpt.utils import RPTWarning, UserError, argument_error, write_text_atomic
+from rpt.utils import RPTWarning, UserError, argument_error, environment, write_text_atomic
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -525,6 +525,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     model = D.wrap(model, info, fsdp=fsdp)
     optimizer = build_optimizer(model, tc)
     start = 0
+    environments = list(cp.environments) if cp is not None else []  # where this run's updates ran, oldest first
     if cp is not None:
         _load_full_state(model, optimizer, cp)
         stream.load_state_dict(cp.data)
@@ -538,6 +539,9 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     elif info.rank:
         torch.manual_seed(tc.seed + info.rank)  # dropout differs across ranks; weights were broadcast by DDP
     del cp
+    here = environment()
+    if not environments or {k: v for k, v in environments[-1].items() if k != "from_step"} != here:
+        environments.append({"from_step": start, **here})
 
     if mcfg.has_retriever and tc.alpha_ret > 0 and tc.alpha_ramp_steps > tc.steps:
         warnings.warn(f"train.alpha_ramp_steps={tc.alpha_ramp_steps} is longer than train.steps={tc.steps}: the retrieval "
@@ -579,7 +583,8 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
         rngs = D.all_gather_object(ckpt_io.rng_state(), info)
         path = None
         if info.is_main:
-            path = ckpt_io.save(out_dir, step, model_state, optim_state, cfg, rngs, stream.state_dict(), metrics, tc.keep_last)
+            path = ckpt_io.save(out_dir, step, model_state, optim_state, cfg, rngs, stream.state_dict(), metrics,
+                                tc.keep_last, environments)
         D.barrier(info)
         return path
 

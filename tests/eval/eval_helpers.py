@@ -103,11 +103,12 @@ def write_doc_labels(path: Path, lengths: list[int], tokenizer: dict, span: str 
 def save_checkpoint(run_dir: Path, model: RPT, cfg: RPTConfig, step: int = 7, tokenizer: Tokenizer | None = None) -> Path:
     """A checkpoint written by rpt.checkpoint.save (the training loop's saver); with tokenizer.json beside it."""
     from rpt import checkpoint as ckpt_io
+    from rpt.utils import environment
 
     cfg.model = model.cfg
     cfg.data.store = str(run_dir / "no-store")  # hermetic: never fall back on a store of the working directory
     path = ckpt_io.save(run_dir, step, model.state_dict(), {"state": {}, "param_groups": []}, cfg, [ckpt_io.rng_state()],
-                        {"consumed": 0})
+                        {"consumed": 0}, environments=[{"from_step": 0, **environment()}])
     if tokenizer is not None:
         tokenizer.save(path / "tokenizer.json")
     return path

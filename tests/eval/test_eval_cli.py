@@ -52,6 +52,8 @@ def test_end_to_end_with_metrics_plots_and_baseline(setup, tmp_path, capsys):
     assert 0 < t["scored"]["n_targets"] == sum(d["scored"]["n_targets"] for d in docs) < t["n_targets"]
     env = r["environment"]  # what a rerun must match: machine, threads, versions
     assert env["threads"] >= 1 and env["rpt"] and env["torch"] and env["python"] and env["platform"] and env["cpu_count"]
+    (trained,) = r["train_environments"]  # and where the checkpoint's updates ran
+    assert trained["from_step"] == 0 and trained["threads"] >= 1 and trained["cpu"] and trained["torch"] == env["torch"]
     assert all(len(d["chunks"]["neighbors"][0]) == 3 for d in docs)  # --baseline turned per-chunk data on
     for name in ("model", "bm25"):
         m = r["retrieval"][name]

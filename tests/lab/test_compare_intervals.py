@@ -123,6 +123,13 @@ def test_compare_records_the_environments_of_its_results():
     rs = [result("xl", 0, "none", 100.0), result("xl", 1, "none", 104.0)]
     for r in rs:
         r["environment"] = env
+    rs[0]["train_environments"] = [{"from_step": 0, **env, "cpu": "AMD EPYC", "threads": 2},
+                                   {"from_step": 100, **env, "cpu": "AMD EPYC"}]
+    rs[1]["train_environments"] = [{"from_step": 0, **env, "cpu": "AMD EPYC"}]
     table = compare(rs)
     assert table["result_environments"] == [env] and {"threads", "torch", "python", "rpt"} <= set(table["environment"])
-    assert "Results from: x86_64, 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0." in to_markdown(table)
+    assert [e["threads"] for e in table["train_environments"]] == [2, 1]  # each environment once, without its step
+    text = to_markdown(table)
+    assert "Results from: x86_64, 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0." in text
+    assert ("Trained on: x86_64 (AMD EPYC), 2 CPUs, 2 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0; "
+            "x86_64 (AMD EPYC), 2 CPUs, 1 threads") in text

@@ -74,6 +74,28 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(corpus, optimizer):
         assert [r[key] for r in la] == [r[key] for r in lb], key
 
 
+def test_checkpoints_record_where_their_updates_ran(corpus, monkeypatch):
+    """Each checkpoint records the environment of its updates, one entry per stretch: a run resumed in another
+    environment (here: another thread count) adds one from the step it resumed at, one resumed in the same adds none."""
+    from rpt.training import loop
+
+    tmp = corpus["tmp"]
+    cfg = tiny_config(tmp, out_dir=str(tmp / "env"), steps=4, batch_size=1, checkpoint_every=2, log_every=2)
+    with pytest.raises(Killed):
+        train(cfg, corpus["root"], corpus["labels"], progress=False, on_step=kill_at(3))
+    first = ck.load(ck.latest(tmp / "env")).environments
+    assert [e["from_step"] for e in first] == [0] and first[0]["threads"] == torch.get_num_threads()
+    assert {"machine", "cpu", "cpu_count", "torch", "python", "rpt", "platform"} <= set(first[0])
+    here = {k: v for k, v in first[0].items() if k != "from_step"}
+    monkeypatch.setattr(loop, "environment", lambda: {**here, "threads": here["threads"] + 1})
+    done = train(cfg, corpus["root"], corpus["labels"], progress=False)
+    envs = ck.load(done.checkpoint).environments
+    assert [(e["from_step"], e["threads"]) for e in envs] == [(0, here["threads"]), (2, here["threads"] + 1)]
+    cfg.train.steps = 6  # resumed in the same environment as the last stretch: nothing added
+    again = train(cfg, corpus["root"], corpus["labels"], progress=False, allow_changes=True)
+    assert ck.load(again.checkpoint).environments == envs
+
+
 def test_gradient_accumulation_equals_one_big_batch(corpus):
     tmp = corpus["tmp"]
     runs = {}
