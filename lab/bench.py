@@ -34,14 +34,14 @@ from rpt.config import VARIANTS, RPTConfig
 from rpt.model.decoder import set_activation_checkpointing
 from rpt.model.registry import build_model, spec
 from rpt.training.footprint import count_parameters
-from rpt.utils import UserError, write_json_atomic
+from rpt.utils import UserError, cpu_name, write_json_atomic
 
 # dense bf16 peak FLOP/s used for MFU (vendor datasheets)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def machine() -> dict[str, Any]:
-    info = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu"}
     if torch.cuda.is_available():
         info["device"] = torch.cuda.get_device_name(0)

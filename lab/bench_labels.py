@@ -47,10 +47,11 @@ import torch
 from rpt.chunks import last_retrievable
 from rpt.labels.bm25 import K1, B, bm25_candidates
 from rpt.labels.scorer import HFScorer, target_scores
+from rpt.utils import cpu_name
 
 
 def machine_info(device: str = "cpu") -> dict[str, Any]:
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    info = {"platform": platform.platform(), "processor": cpu_name(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "numpy": np.__version__, "device": device}
     if device.startswith("cuda") and torch.cuda.is_available():

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, resolve_checkpoint  # noqa: F401
+from rpt.checkpoint import checkpoint_config, checkpoint_tokenizer, load_model, read_state, resolve_checkpoint  # noqa: F401
 from rpt.chunks import pool_size
 from rpt.config import EvalConfig, check_neighbors
 from rpt.data.store import TokenStore, open_split
@@ -549,7 +549,7 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
         sums = reduce_sums(part["sums"], names, info)
         documents = sorted((r for rs in D.all_gather_object(part["documents"], info) for r in rs), key=lambda r: r["index"])
         seconds = max(D.all_gather_object(time.perf_counter() - t0, info))
-        state = json.loads((ckpt / "state.json").read_text()) if (ckpt / "state.json").is_file() else {}
+        state = read_state(ckpt)  # {} for a folder without one (an export)
         result: dict[str, Any] = {
             "format_version": RESULT_VERSION,
             "checkpoint": str(ckpt),
