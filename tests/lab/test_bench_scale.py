@@ -98,3 +98,20 @@ def test_bench_scale_compile_both_compares_within_each_mode(monkeypatch):
     assert rows[("xl", True)]["compile_speedup"] == 2.0 and rows[("rpt-sem", True)]["compile_speedup"] == 0.8
     assert "compile_speedup" not in rows[("xl", False)]
     assert "rpt-sem compiled" in B.format_scale(r) and "0.80x faster than eager" in B.format_scale(r)
+
+
+def test_largest_batch_measured_scales_the_estimate_to_the_peak(monkeypatch):
+    """The estimate omits the allocator's slack: a measured row also reports the largest batch whose estimate, scaled
+    by that row's peak / estimate, fits the budget (on an H200 the estimate's 8 for rpt-sem at 250m / 16K was 6)."""
+    import lab.bench as B
+
+    cfg = B.scale_config("rpt-sem", "250m", 16384, 1, None, "bf16", None)
+    est = estimate_step_memory(cfg, "cuda").total
+    monkeypatch.setattr(B, "measure_step", lambda **spec: {"seconds_per_update": 1.0, "tokens_per_s": 1.0,
+                                                           "peak_bytes": 1.25 * est, "updates_timed": 1})
+    monkeypatch.setattr(B.torch.cuda, "is_available", lambda: True)
+    r = B.bench_scale("250m", 16384, ("rpt-sem",), device="cuda", loss_chunks=(), precision="bf16", budget_gib=139)
+    row = r["rows"][0]
+    assert row["largest_batch"] == largest_batch(cfg, 139 * 2**30, "cuda")
+    assert row["largest_batch_measured"] == largest_batch(cfg, 139 * 2**30 / 1.25, "cuda") < row["largest_batch"]
+    assert f"{row['largest_batch_measured']} by the estimate scaled to the measured peak" in B.format_scale(r)
