@@ -251,7 +251,9 @@ def cpu_name() -> str:
 def environment() -> dict[str, Any]:
     """What a rerun must match to be compared figure for figure: the machine (architecture, CPU model and count, GPU),
     torch's thread count, and the versions of torch, Python, rpt and the platform. Recorded by every checkpoint of
-    `rpt train` (one entry per stretch of updates run in one environment) and by every result of `rpt eval`."""
+    `rpt train` (one entry per stretch of updates run in one environment), by every result of `rpt eval` and by every
+    label folder of `rpt label` (one entry per stretch of documents)."""
+    import importlib.metadata
     import platform
 
     import torch
@@ -259,9 +261,13 @@ def environment() -> dict[str, Any]:
     from rpt.version import __version__
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:  # an LM scorer's or backbone's numbers depend on it; read without importing it (seconds)
+        transformers = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        transformers = None
     return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "rpt": __version__, "platform": platform.platform()}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers,
+            "python": platform.python_version(), "rpt": __version__, "platform": platform.platform()}
 
 
 def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:

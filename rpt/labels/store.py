@@ -239,6 +239,8 @@ class LabelWriter:
             self.next_doc, self.stats = self.doc_range[0], {"n_scored": 0, "n_positive": 0}
         else:
             self.next_doc, self.stats = int(progress["next_doc"]), dict(progress["stats"])
+        # where the documents were labelled: [{"from_document", **rpt.utils.environment()}], one per stretch
+        self.environments: list[dict[str, Any]] = list((progress or {}).get("environments", []))
         self.arrays: dict[str, np.ndarray] = {}
         for name, dtype in ARRAYS.items():
             file = self.tmp / f"{name}.npy"
@@ -303,7 +305,14 @@ class LabelWriter:
                 if isinstance(arr, np.memmap):
                     arr.flush()  # msync: the rows are on disk before progress.json says so
         with self._writing(self.tmp / "progress.json"):
-            _fsync_json(self.tmp / "progress.json", {"config": self.config, "next_doc": self.next_doc, "stats": self.stats})
+            _fsync_json(self.tmp / "progress.json", {"config": self.config, "next_doc": self.next_doc, "stats": self.stats,
+                                                     "environments": self.environments})
+
+    def note_environment(self, here: dict[str, Any]) -> None:
+        """Record that the documents from the next one on are labelled in `here` (a new entry only if it differs)."""
+        if not self.environments or {k: v for k, v in self.environments[-1].items() if k != "from_document"} != here:
+            self.environments.append({"from_document": self.next_doc, **here})
+            self._commit()
 
     def publish(self, manifest: dict[str, Any]) -> Path:
         """Write the manifest and rename the finished folder into place (replacing an older one)."""
@@ -321,6 +330,7 @@ class LabelWriter:
             "n_positive": n_pos,
             "positive_share": n_pos / n_scored if n_scored else None,
             "arrays": {name: np.dtype(dtype).name for name, dtype in ARRAYS.items()},
+            "environments": self.environments,
             **manifest,
         }
         for name, arr in self.arrays.items():
@@ -351,7 +361,7 @@ def merge_label_stores(paths: list[str | Path], out: str | Path) -> Path:
     stores = sorted((LabelStore.open(p) for p in paths), key=lambda s: s.doc_range)
     if not stores:
         raise LabelError("nothing to merge")
-    ignore = {"doc_range", "n_rows", "n_documents", "n_scored", "n_positive", "positive_share", "shard"}
+    ignore = {"doc_range", "n_rows", "n_documents", "n_scored", "n_positive", "positive_share", "shard", "environments"}
     base = {k: v for k, v in stores[0].manifest.items() if k not in ignore}
     for prev, s in zip(stores, stores[1:], strict=False):
         other = {k: v for k, v in s.manifest.items() if k not in ignore}
@@ -362,7 +372,7 @@ def merge_label_stores(paths: list[str | Path], out: str | Path) -> Path:
             raise LabelError(f"cannot merge: {prev.path} ends at document {prev.doc_range[1]} but {s.path} starts at "
                              f"{s.doc_range[0]}")
     lo, hi = stores[0].doc_range[0], stores[-1].doc_range[1]
-    config = {k: v for k, v in base.items() if k not in ("format_version", "arrays")}
+    config = {k: v for k, v in base.items() if k not in ("format_version", "arrays", "environments")}
     counts = np.concatenate([np.diff(s.chunk_offsets) for s in stores])
     writer = LabelWriter(out, config, (lo, hi), counts, int(base["k"]))
     for name in ARRAYS:  # bulk copy, shard by shard (documents stay in order)
@@ -372,6 +382,7 @@ def merge_label_stores(paths: list[str | Path], out: str | Path) -> Path:
             writer.arrays[name][row : row + len(arr)] = arr
             row += len(arr)
     writer.next_doc = hi
+    writer.environments = [e for s in stores for e in s.manifest.get("environments", [])]  # each shard's, in order
     writer.stats = {"n_scored": sum(int(s.manifest.get("n_scored") or 0) for s in stores),
                     "n_positive": sum(int(s.manifest.get("n_positive") or 0) for s in stores)}
     writer._commit()

@@ -84,9 +84,11 @@ def test_sem_labels_score_every_candidate(store, scorer, bpe, tmp_path, monkeypa
         labels.rows(9)
 
 
-def test_killed_run_resumes_to_identical_labels(store, scorer, tmp_path):
+def test_killed_run_resumes_to_identical_labels(store, scorer, tmp_path, monkeypatch):
     decode = store_decoder(store.path.parent / "tokenizer.json")
     whole = label_split(store, tmp_path / "whole", SPEC_SEM, scorer=scorer, decode=decode, progress=False)
+    assert [e["from_document"] for e in LabelStore.open(whole).manifest["environments"]] == [0]
+    assert {"cpu", "threads", "torch", "transformers"} <= set(LabelStore.open(whole).manifest["environments"][0])
 
     class Killed(Exception):
         pass
@@ -104,9 +106,15 @@ def test_killed_run_resumes_to_identical_labels(store, scorer, tmp_path):
     with pytest.raises(LabelError, match="resume"):
         LabelStore.open(out)
     seen = []
+    import rpt.labels.pipeline as pipeline
+
+    here = pipeline.environment()
+    monkeypatch.setattr(pipeline, "environment", lambda: {**here, "threads": here["threads"] + 1})  # resumed elsewhere
     label_split(store, out, SPEC_SEM, scorer=scorer, decode=decode, progress=False, on_document=seen.append)
     assert seen == [2, 3, 4]  # continued after the last complete document
     assert_same(arrays(out), arrays(whole))
+    where = LabelStore.open(out).manifest["environments"]  # where each stretch of documents was labelled
+    assert [(e["from_document"], e["threads"]) for e in where] == [(0, here["threads"]), (2, here["threads"] + 1)]
     assert LabelStore.open(out).manifest["n_scored"] == LabelStore.open(whole).manifest["n_scored"]
     assert not (tmp_path / ".resumed.partial").exists()
 
@@ -128,6 +136,7 @@ def test_merged_shards_equal_an_unsharded_run(store, tmp_path, monkeypatch):
     assert label_split(store, out, SPEC_LEX, shard=(1, 3), progress=False) == out  # the last shard merges
     assert_same(arrays(out), arrays(whole))
     assert LabelStore.open(out).manifest["doc_range"] == [0, len(store)]
+    assert [e["from_document"] for e in LabelStore.open(out).manifest["environments"]] == [r[0] for r in ranges]
     assert not list(tmp_path.glob("sharded.shard-*"))
 
 
