@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the self-retriever find more useful chunks than BM25? The paper's retrieval comparison on code on one lent GPU
-# (an H100 or H200), in about 8 minutes on an H200, with the metrics of docs/results/retrieval.md: exhaustive gold
+# (an H100 or H200), in 8-12 minutes on an H200, with the metrics of docs/results/retrieval.md: exhaustive gold
 # (every retrievable chunk scored), chance levels, pool-size buckets and the random-neighbour control.
 #
 #   bash scripts/gpu_retrieval.sh runs/gpu-retrieval
@@ -9,7 +9,8 @@
 # training tokens), labels it with SmolLM2-135M in bf16 at k = 20 (training labels: BM25's top 20 per chunk; test
 # gold: every retrievable chunk of a QUERY_FRACTION share of the test chunks), trains xl and rpt-sem at the small
 # preset in bf16 for 400 updates of 4 x 4,096 tokens, 3 paired seeds, and writes the comparison to
-# OUT/sweep/compare.md (.json). Measured on an H200: labels 190 s, each seed 88 s (docs/results/retrieval.md#on-a-gpu-smollm2-135m-as-scorer).
+# OUT/sweep/compare.md (.json). Measured on an H200: labels 190 s, each seed 88 s (docs/results/retrieval.md#on-a-gpu-smollm2-135m-as-scorer);
+# on another H200 host the labels took 424 s (docs/results/gpu.md#the-retrieval-pipeline-end-to-end-on-cuda).
 # It is scripts/domain_sweep.sh with these settings; any of them can be overridden by environment, as there, and
 # CORPUS (default stdlib) names another code corpus (a dry run on a CPU: REQUIRE_GPU=0 PRESET=tiny SCORER=own ..., as
 # the test suite does). Labelling throughput bounds the corpus: 40 packages are what a 10-minute run labels; with more
