@@ -270,6 +270,16 @@ def environment() -> dict[str, Any]:
             "python": platform.python_version(), "rpt": __version__, "platform": platform.platform()}
 
 
+def note_environment(entries: list[dict[str, Any]], key: str, at: int) -> bool:
+    """Append ``{key: at, **environment()}`` to `entries` (where a run's work ran, one entry per stretch, oldest first)
+    unless the last entry, `key` aside, is this environment already. True if an entry was added."""
+    here = environment()
+    if entries and {k: v for k, v in entries[-1].items() if k != key} == here:
+        return False
+    entries.append({key: at, **here})
+    return True
+
+
 def parse_seeds(text: str, flag: str = "--seeds") -> tuple[int, ...]:
     """Comma-separated distinct integer seeds ("0,1,2"), or a UserError naming the flag."""
     try:

@@ -32,7 +32,7 @@ from rpt.labels.store import OWNER as LABELS_OWNER
 from rpt.labels.store import LabelError, LabelStore, LabelWriter, merge_label_stores, span_name
 from rpt.locks import folder_lock
 from rpt.outputs import claim_folder
-from rpt.utils import argument_error, environment
+from rpt.utils import argument_error
 
 Kind = Literal["lex", "sem"]
 Candidates = Literal["bm25", "all"]
@@ -283,7 +283,7 @@ def label_split(store, out: str | Path, spec: LabelSpec, scorer: Scorer | None =
                              "delete it or pass overwrite=True (rpt label --overwrite)")
     with folder_lock(path, "labelled"):  # one writer per label folder (and its .partial); a second is refused
         writer = LabelWriter(path, config, (lo, hi), doc_chunks[lo:hi], width)
-        writer.note_environment(environment())  # a scorer's labels differ in the last digits from one setup to another
+        writer.note_environment()  # a scorer's labels differ in the last digits from one setup to another
         from tqdm.auto import tqdm
 
         # the bar counts work: chunks, or under exhaustive gold the pairs scored (each query chunk's whole pool, so a

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from rpt.outputs import Owner, claim_folder, mark_folder
-from rpt.utils import write_failure
+from rpt.utils import note_environment, write_failure
 
 FORMAT_VERSION = 1
 ARRAYS = {"candidates": np.int32, "bm25": np.float32, "target": np.float32}
@@ -308,10 +308,9 @@ class LabelWriter:
             _fsync_json(self.tmp / "progress.json", {"config": self.config, "next_doc": self.next_doc, "stats": self.stats,
                                                      "environments": self.environments})
 
-    def note_environment(self, here: dict[str, Any]) -> None:
-        """Record that the documents from the next one on are labelled in `here` (a new entry only if it differs)."""
-        if not self.environments or {k: v for k, v in self.environments[-1].items() if k != "from_document"} != here:
-            self.environments.append({"from_document": self.next_doc, **here})
+    def note_environment(self) -> None:
+        """Record that the documents from the next one on are labelled here (a new entry only where this differs)."""
+        if note_environment(self.environments, "from_document", self.next_doc):
             self._commit()
 
     def publish(self, manifest: dict[str, Any]) -> Path:

@@ -59,7 +59,7 @@ from rpt.training.losses import (
 )
 from rpt.training.optim import bare_name, build_optimizer, clip_gradients, set_lr
 from rpt.training.schedules import gold_neighbors, learning_rate, margin, retrieval_weight, sample_gold_mask, sampling_probability
-from rpt.utils import RPTWarning, UserError, argument_error, environment, write_text_atomic
+from rpt.utils import RPTWarning, UserError, argument_error, note_environment, write_text_atomic
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -539,9 +539,7 @@ def _train(cfg: RPTConfig, info: D.DistInfo, store_root: str | Path | None, labe
     elif info.rank:
         torch.manual_seed(tc.seed + info.rank)  # dropout differs across ranks; weights were broadcast by DDP
     del cp
-    here = environment()
-    if not environments or {k: v for k, v in environments[-1].items() if k != "from_step"} != here:
-        environments.append({"from_step": start, **here})
+    note_environment(environments, "from_step", start)
 
     if mcfg.has_retriever and tc.alpha_ret > 0 and tc.alpha_ramp_steps > tc.steps:
         warnings.warn(f"train.alpha_ramp_steps={tc.alpha_ramp_steps} is longer than train.steps={tc.steps}: the retrieval "

@@ -106,10 +106,10 @@ def test_killed_run_resumes_to_identical_labels(store, scorer, tmp_path, monkeyp
     with pytest.raises(LabelError, match="resume"):
         LabelStore.open(out)
     seen = []
-    import rpt.labels.pipeline as pipeline
+    import rpt.utils
 
-    here = pipeline.environment()
-    monkeypatch.setattr(pipeline, "environment", lambda: {**here, "threads": here["threads"] + 1})  # resumed elsewhere
+    here = rpt.utils.environment()
+    monkeypatch.setattr(rpt.utils, "environment", lambda: {**here, "threads": here["threads"] + 1})  # resumed elsewhere
     label_split(store, out, SPEC_SEM, scorer=scorer, decode=decode, progress=False, on_document=seen.append)
     assert seen == [2, 3, 4]  # continued after the last complete document
     assert_same(arrays(out), arrays(whole))

@@ -77,7 +77,7 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(corpus, optimizer):
 def test_checkpoints_record_where_their_updates_ran(corpus, monkeypatch):
     """Each checkpoint records the environment of its updates, one entry per stretch: a run resumed in another
     environment (here: another thread count) adds one from the step it resumed at, one resumed in the same adds none."""
-    from rpt.training import loop
+    import rpt.utils
 
     tmp = corpus["tmp"]
     cfg = tiny_config(tmp, out_dir=str(tmp / "env"), steps=4, batch_size=1, checkpoint_every=2, log_every=2)
@@ -87,7 +87,7 @@ def test_checkpoints_record_where_their_updates_ran(corpus, monkeypatch):
     assert [e["from_step"] for e in first] == [0] and first[0]["threads"] == torch.get_num_threads()
     assert {"machine", "cpu", "cpu_count", "torch", "python", "rpt", "platform"} <= set(first[0])
     here = {k: v for k, v in first[0].items() if k != "from_step"}
-    monkeypatch.setattr(loop, "environment", lambda: {**here, "threads": here["threads"] + 1})
+    monkeypatch.setattr(rpt.utils, "environment", lambda: {**here, "threads": here["threads"] + 1})
     done = train(cfg, corpus["root"], corpus["labels"], progress=False)
     envs = ck.load(done.checkpoint).environments
     assert [(e["from_step"], e["threads"]) for e in envs] == [(0, here["threads"]), (2, here["threads"] + 1)]
