@@ -25,13 +25,21 @@ continues an old run, a changed --max-documents never mixes results over other d
 Stopping and starting again loses nothing: a run whose final checkpoint exists is not trained again, a killed
 training run resumes from its last checkpoint (`rpt train` resumes by default), an evaluation whose result exists is
 not run again (results are written atomically). Each command that completed is appended to OUT/commands.txt.
+
+With --jobs N, N runs go at once: each run's jobs (its training, then its evaluations, in order) in `rpt` processes of
+their own, their output in OUT/logs/V-seedS.log, without progress bars. A failed job lets the jobs under way finish
+and starts no new one; the sweep then stops naming it and its log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +64,7 @@ class SweepSettings:
     paper: str | None = None  # the paper's dataset whose figures stand beside the rows
     threads: int = 0
     progress: bool = True
+    jobs: int = 1  # runs at the same time, each in processes of its own
 
 
 @dataclass
@@ -63,6 +72,7 @@ class Job:
     what: str  # "train retro seed 1", "eval retro seed 1 bm25"
     argv: list[str]  # an `rpt` command line (without "rpt")
     done: Path  # exists once the job has finished
+    run: str = ""  # the run it belongs to ("retro-seed1"): a run's jobs go in order
 
 
 @dataclass
@@ -252,7 +262,7 @@ def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
         if (Path(test_labels) / "manifest.json").is_file() or not dry_run:
             _check_test_labels(s, first, test_labels)
 
-    common = (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress else ["--no-progress"])
+    common = (["--threads", str(s.threads)] if s.threads else []) + ([] if s.progress and s.jobs == 1 else ["--no-progress"])
     jobs, results = [], []
     for seed in s.seeds:
         for v in s.variants:
@@ -263,7 +273,7 @@ def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
             argv = ["train", *s.train_args, "--variant", v, "--seed", str(seed), "--out", str(run), *common]
             if labels[v] is not None:
                 argv += ["--labels", str(labels[v])]
-            jobs.append(Job(f"train {v} seed {seed}", argv, ckpt / "state.json"))
+            jobs.append(Job(f"train {v} seed {seed}", argv, ckpt / "state.json", run.name))
             for src in eval_sources(v, test_labels is not None):
                 res = s.out / "eval" / f"{v}-seed{seed}-{step}-{src}.json"
                 # the oracle, the own source and no neighbours read the test labels: under a sampled gold the
@@ -280,7 +290,7 @@ def plan(s: SweepSettings, dry_run: bool = False) -> Plan:
                     argv += ["--labels", str(test_labels)]
                 if src == "model" and test_labels is not None:
                     argv.append("--metrics")
-                jobs.append(Job(f"eval {v} seed {seed} {src}", argv, res))
+                jobs.append(Job(f"eval {v} seed {seed} {src}", argv, res, run.name))
                 results.append(res)
     return Plan(jobs, step, store, results, test_labels, missing)
 
@@ -304,6 +314,9 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
             print(("# done: " if j.done.exists() else "") + command_line(j.argv))
         return None
     s.out.mkdir(parents=True, exist_ok=True)
+    if s.jobs > 1:
+        run_side_by_side(p.jobs, s.jobs, s.out)
+        return tabulate(s, p)
     for i, j in enumerate(p.jobs, 1):
         if j.done.exists():
             continue
@@ -318,6 +331,51 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
             f.write(log[0] + "\n")
         print(f"[{i}/{len(p.jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
     return tabulate(s, p)
+
+
+# `rpt ARGV` in a process of its own, with this interpreter (and so this environment's rpt)
+RPT_PROCESS = [sys.executable, "-c", "import sys; from rpt.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
+    """Every job not yet done, `n` runs at a time: a run's jobs one after another, each in a process of its own with
+    its output appended to OUT/logs/RUN.log. After a failure no job starts; the ones under way finish, then UserError."""
+    from rpt.cli import command_line
+
+    runs: dict[str, list[tuple[int, Job]]] = {}
+    for i, j in enumerate(jobs, 1):
+        if not j.done.exists():
+            runs.setdefault(j.run, []).append((i, j))
+    (out / "logs").mkdir(exist_ok=True)
+    lock, failed = threading.Lock(), []
+
+    def go(run: str) -> None:
+        for i, j in runs[run]:
+            if failed:
+                return
+            log_path = out / "logs" / f"{run}.log"
+            line = command_line(j.argv)
+            with lock:
+                print(f"[{i}/{len(jobs)}] {j.what} (log: {log_path})", flush=True)
+            t = time.perf_counter()
+            with open(log_path, "a") as log:
+                log.write(f"\n$ {line}\n")
+                log.flush()
+                code = subprocess.run([*RPT_PROCESS, *j.argv], stdout=log, stderr=subprocess.STDOUT).returncode
+            with lock:
+                if code != 0 or not j.done.exists():
+                    why = f"exit {code}" if code != 0 else f"exit 0, but {j.done} was not written"
+                    failed.append(f"{j.what} failed ({why}); its output: {log_path}; the command: {line}")
+                    return
+                with open(out / "commands.txt", "a") as f:
+                    f.write(line + "\n")
+                print(f"[{i}/{len(jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        for future in [pool.submit(go, run) for run in runs]:
+            future.result()
+    if failed:
+        raise UserError(f"sweep stopped: {failed[0]}; fix it and run the sweep again to go on")
 
 
 def tabulate(s: SweepSettings, p: Plan) -> dict[str, Any]:

@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", choices=("auto", "faiss", "torch"), default="auto", help="evaluation memory (default auto)")
     p.add_argument("--paper", choices=DOMAINS, help="the paper's figures for this dataset beside the rows")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads for every run (default: torch's choice)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained and evaluated at the same time, each in processes of its own with its output in "
+                        "OUT/logs/V-seedS.log (default 1: one after another, in this process); e.g. --jobs 2 --threads "
+                        "1 on two cores, or the seeds side by side on one GPU")
     p.add_argument("--dry-run", action="store_true", help="print every command (done ones marked) and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("train_args", nargs="*", metavar="-- TRAIN ARGS",
@@ -47,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--variants {args.variants!r}: give distinct variants from {', '.join(VARIANTS)}")
     if args.max_documents < 0:
         raise UserError(f"--max-documents {args.max_documents}: must be >= 0")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: must be at least 1")
     labels = {k: p for k, p in (("lex", args.labels_lex), ("sem", args.labels_sem)) if p is not None}
     s = SweepSettings(out=args.out, variants=variants, seeds=parse_seeds(args.seeds), train_args=list(args.train_args),
                       labels=labels, test_labels=args.test_labels, max_documents=args.max_documents,
-                      memory=args.memory, paper=args.paper, threads=args.threads, progress=not args.no_progress)
+                      memory=args.memory, paper=args.paper, threads=args.threads, progress=not args.no_progress,
+                      jobs=args.jobs)
     from lab.folders import SWEEP
     from rpt.outputs import claim_folder
 

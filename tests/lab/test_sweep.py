@@ -153,6 +153,7 @@ def test_a_dry_run_plans_with_labels_that_do_not_exist_yet(store, tmp_path, caps
     (["--variants", "xl,nope"], [], "--variants 'xl,nope'"),
     (["--variants", "rpt-sem"], [], "variant rpt-sem needs training labels: pass --labels-sem, made by `rpt label "),
     (["--seeds", "0,0"], [], "--seeds '0,0'"),
+    (["--jobs", "0"], [], "--jobs 0: must be at least 1"),
     (["--test-labels", "/nowhere"], [], "--test-labels /nowhere: not a label store"),
     ([], ["--seed", "4"], "--seed among the train arguments"),
     ([], ["--stop", "1"], "--stop 1 is not a flag of `rpt train`"),  # no abbreviation of a flag the sweep controls
@@ -189,3 +190,61 @@ def test_test_labels_of_another_kind_are_refused_before_any_work(store, tmp_path
 def test_the_train_arguments_need_a_preset_or_a_config(tmp_path, capsys):
     assert lab_main(["sweep", "--out", str(tmp_path / "sw"), "--variants", "xl", "--", "--steps", "3"]) == 2
     assert "train arguments: one of the arguments --config --preset is required" in capsys.readouterr().err
+
+
+FAKE_RPT = ("import sys, time, pathlib; a = sys.argv[1:]; print('job', a[0], flush=True); "
+            "t = time.time(); time.sleep(float(a[2])); "
+            "pathlib.Path(a[1]).write_text(f'{t} {time.time()}') if a[0] != 'fail' else None; sys.exit(3 * (a[0] == 'fail'))")
+
+
+def _fake_jobs(tmp_path, spec):
+    """Jobs of runs named in `spec` ({run: [(kind, seconds), ...]}) for a stand-in `rpt` that sleeps, then writes
+    its done file with its start and end times (or, for kind "fail", exits 3 writing nothing)."""
+    from lab.sweep import Job
+
+    return [Job(f"{kind} {run} {i}", [kind, str(tmp_path / f"{run}-{i}.done"), str(sec)], tmp_path / f"{run}-{i}.done",
+                run) for run, steps in spec.items() for i, (kind, sec) in enumerate(steps)]
+
+
+def test_jobs_run_side_by_side_a_runs_jobs_in_order(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import lab.sweep as S
+
+    monkeypatch.setattr(S, "RPT_PROCESS", [sys.executable, "-c", FAKE_RPT])
+    jobs = _fake_jobs(tmp_path, {"xl-seed0": [("train", 0.6), ("eval", 0.1)], "xl-seed1": [("train", 0.6), ("eval", 0.1)],
+                                 "xl-seed2": [("train", 0.1)]})
+    jobs[-1].done.write_text("0 0")  # done already: not run again
+    S.run_side_by_side(jobs, 2, tmp_path)
+    times = {j.what: tuple(map(float, j.done.read_text().split())) for j in jobs[:-1]}
+    assert times["train xl-seed0 0"][1] <= times["eval xl-seed0 1"][0]  # a run's jobs one after another
+    assert times["train xl-seed1 0"][0] < times["train xl-seed0 0"][1]  # two runs at once
+    assert len((tmp_path / "commands.txt").read_text().splitlines()) == 4
+    assert (tmp_path / "logs" / "xl-seed1.log").read_text().count("job ") == 2
+    assert not (tmp_path / "logs" / "xl-seed2.log").exists()
+    assert "[3/5] train xl-seed1 0: " in capsys.readouterr().out
+
+
+def test_a_failed_job_side_by_side_lets_the_others_finish_and_starts_no_more(tmp_path, monkeypatch):
+    import sys
+
+    import lab.sweep as S
+    from rpt.utils import UserError
+
+    monkeypatch.setattr(S, "RPT_PROCESS", [sys.executable, "-c", FAKE_RPT])
+    jobs = _fake_jobs(tmp_path, {"a-seed0": [("fail", 0.0), ("eval", 0.0)], "a-seed1": [("train", 1.0), ("eval", 0.0)],
+                                 "a-seed2": [("train", 0.0)]})
+    with pytest.raises(UserError, match=r"sweep stopped: fail a-seed0 0 failed \(exit 3\); its output: .*a-seed0.log"):
+        S.run_side_by_side(jobs, 2, tmp_path)
+    assert [j.done.exists() for j in jobs] == [False, False, True, False, False]  # under way: finished; no new start
+
+
+@pytest.mark.slow  # 60 s: two small sweeps, one run at a time and two at once
+def test_jobs_side_by_side_give_the_results_of_one_at_a_time(store, tmp_path):
+    assert sweep(tmp_path / "one", store, "--threads", "1", variants="xl,rpt-lex", seeds="0,1") == 0
+    assert sweep(tmp_path / "two", store, "--threads", "1", "--jobs", "2", variants="xl,rpt-lex", seeds="0,1") == 0
+    one, two = (json.loads((tmp_path / d / "compare.json").read_text()) for d in ("one", "two"))
+    assert [r["ppl"] for r in one["rows"]] == [r["ppl"] for r in two["rows"]]
+    assert sorted(p.name for p in (tmp_path / "two" / "logs").iterdir()) == [
+        "rpt-lex-seed0.log", "rpt-lex-seed1.log", "xl-seed0.log", "xl-seed1.log"]
+    assert len((tmp_path / "two" / "commands.txt").read_text().splitlines()) == 14  # 2 x (xl 2, rpt-lex 5)
