@@ -22,6 +22,7 @@
 #   the oracle is then reported over their tokens only)
 #   ALPHA_RAMP= (updates over which the retrieval loss weight ramps to train.alpha_ret; default the preset's)
 #   CHECKPOINT_EVERY=100 (updates between kept checkpoints)
+#   JOBS=1 (runs trained at once: `python -m lab sweep --jobs`; e.g. JOBS=3 for three seeds side by side on a GPU)
 #   CURVE= (steps, e.g. 100,200,300: each rpt-* run's checkpoints there are also evaluated with its own retriever
 #   and --metrics against the test labels; with the final results they make OUT/sweep/curve.md (.json), one row per step)
 # The train split's sem labels are made only when VARIANTS holds rpt-sem; the test split's always (the oracle).
@@ -55,6 +56,7 @@ QUERY_FRACTION=${QUERY_FRACTION:-0.25}
 ALPHA_RAMP=${ALPHA_RAMP:-}
 CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-100}
 CURVE=${CURVE:-}
+JOBS=${JOBS:-1}
 case $GOLD in bm25|all) ;; *) echo "domain_sweep: GOLD must be bm25 or all, not '$GOLD'" >&2; exit 2 ;; esac
 store=$OUT/store
 train=(--preset "$PRESET" --store "$store" --seq-len "$SEQ_LEN" --lr "$LR" --steps "$STEPS" --batch-size "$BATCH"
@@ -94,7 +96,7 @@ else
     --out "$test_labels"
 fi
 $LAB sweep --out "$OUT/sweep" --variants "$VARIANTS" --seeds "$SEEDS" --labels-lex "$lex" "${sem_flags[@]}" \
-  --test-labels "$test_labels" "${paper_flag[@]}" -- "${train[@]}"
+  --test-labels "$test_labels" --jobs "$JOBS" "${paper_flag[@]}" -- "${train[@]}"
 if [ -n "$CURVE" ]; then  # the retrievers at earlier checkpoints of the same runs: one more table, a row per step
   for v in ${VARIANTS//,/ }; do
     case $v in rpt-*) ;; *) continue ;; esac

