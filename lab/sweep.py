@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -339,7 +340,9 @@ RPT_PROCESS = [sys.executable, "-c", "import sys; from rpt.cli import main; sys.
 
 def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
     """Every job not yet done, `n` runs at a time: a run's jobs one after another, each in a process of its own with
-    its output appended to OUT/logs/RUN.log. After a failure no job starts; the ones under way finish, then UserError."""
+    its output appended to OUT/logs/RUN.log. After a failure no job starts; the ones under way finish, then UserError.
+    A SIGTERM to the sweep is passed on to the jobs under way (a training run stops with a checkpoint), and no more
+    start."""
     from rpt.cli import command_line
 
     runs: dict[str, list[tuple[int, Job]]] = {}
@@ -347,11 +350,11 @@ def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
         if not j.done.exists():
             runs.setdefault(j.run, []).append((i, j))
     (out / "logs").mkdir(exist_ok=True)
-    lock, failed = threading.Lock(), []
+    lock, failed, procs, stopped = threading.Lock(), [], set(), []
 
     def go(run: str) -> None:
         for i, j in runs[run]:
-            if failed:
+            if failed or stopped:
                 return
             log_path = out / "logs" / f"{run}.log"
             line = command_line(j.argv)
@@ -361,8 +364,16 @@ def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
             with open(log_path, "a") as log:
                 log.write(f"\n$ {line}\n")
                 log.flush()
-                code = subprocess.run([*RPT_PROCESS, *j.argv], stdout=log, stderr=subprocess.STDOUT).returncode
+                with lock:
+                    if stopped:
+                        return
+                    proc = subprocess.Popen([*RPT_PROCESS, *j.argv], stdout=log, stderr=subprocess.STDOUT)
+                    procs.add(proc)
+                code = proc.wait()
             with lock:
+                procs.discard(proc)
+                if stopped:
+                    return
                 if code != 0 or not j.done.exists():
                     why = f"exit {code}" if code != 0 else f"exit 0, but {j.done} was not written"
                     failed.append(f"{j.what} failed ({why}); its output: {log_path}; the command: {line}")
@@ -371,9 +382,23 @@ def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
                     f.write(line + "\n")
                 print(f"[{i}/{len(jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
 
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        for future in [pool.submit(go, run) for run in runs]:
-            future.result()
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM: each run under way stops as `rpt train` does (a checkpoint)
+        with lock:
+            stopped.append(signum)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main_thread else None
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            for future in [pool.submit(go, run) for run in runs]:
+                future.result()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        raise KeyboardInterrupt("SIGTERM: the runs under way were stopped; run the sweep again to go on")
     if failed:
         raise UserError(f"sweep stopped: {failed[0]}; fix it and run the sweep again to go on")
 

@@ -248,3 +248,30 @@ def test_jobs_side_by_side_give_the_results_of_one_at_a_time(store, tmp_path):
     assert sorted(p.name for p in (tmp_path / "two" / "logs").iterdir()) == [
         "rpt-lex-seed0.log", "rpt-lex-seed1.log", "xl-seed0.log", "xl-seed1.log"]
     assert len((tmp_path / "two" / "commands.txt").read_text().splitlines()) == 14  # 2 x (xl 2, rpt-lex 5)
+
+
+def test_a_sigterm_to_side_by_side_runs_stops_the_runs_under_way(tmp_path):
+    """SIGTERM to the sweep is passed on to its `rpt` processes (a training run then stops with a checkpoint) and no
+    more start; the sweep ends as interrupted."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = "import os, sys, time, pathlib; pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(60)"
+    driver = (f"import sys, pathlib; import lab.sweep as S; from lab.sweep import Job; S.RPT_PROCESS = "
+              f"[sys.executable, '-c', {child!r}]; d = pathlib.Path({str(tmp_path)!r}); "
+              "S.run_side_by_side([Job(f'train r{i}', [str(d / f'r{i}.pid')], d / f'r{i}.done', f'r{i}') "
+              "for i in range(3)], 2, d)")
+    sweep = subprocess.Popen([sys.executable, "-c", driver], stderr=subprocess.PIPE, text=True)
+    pids = [tmp_path / "r0.pid", tmp_path / "r1.pid"]
+    deadline = time.time() + 30
+    while not all(p.exists() and p.read_text() for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    sweep.send_signal(signal.SIGTERM)
+    err = sweep.communicate(timeout=20)[1]
+    assert sweep.returncode != 0 and "SIGTERM: the runs under way were stopped" in err
+    for p in pids:  # both runs under way are gone, and the third never started
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(p.read_text()), 0)
+    assert not (tmp_path / "r2.pid").exists()
