@@ -250,9 +250,9 @@ def cpu_name() -> str:
 
 def environment() -> dict[str, Any]:
     """What a rerun must match to be compared figure for figure: the machine (architecture, CPU model and count, GPU),
-    torch's thread count, and the versions of torch, Python, rpt and the platform. Recorded by every checkpoint of
-    `rpt train` (one entry per stretch of updates run in one environment), by every result of `rpt eval` and by every
-    label folder of `rpt label` (one entry per stretch of documents)."""
+    torch's thread count, and the versions of torch, transformers, Python, rpt and the platform. Recorded by every
+    checkpoint of `rpt train` (one entry per stretch of updates run in one environment), by every result of `rpt eval`
+    and by every label folder of `rpt label` (one entry per stretch of documents)."""
     import importlib.metadata
     import platform
 
