@@ -325,13 +325,24 @@ def run_sweep(s: SweepSettings, dry_run: bool = False) -> dict[str, Any] | None:
         t = time.perf_counter()
         log: list[str] = []
         code = run_verb(j.argv, log)
-        if code != 0 or not j.done.exists():
-            why = f"exit {code}" if code != 0 else f"exit 0, but {j.done} was not written"
+        if why := _failure(j, code):
             raise UserError(f"sweep stopped: {j.what} failed ({why}); fix it and run the sweep again to go on: {log[0]}")
-        with open(s.out / "commands.txt", "a") as f:
-            f.write(log[0] + "\n")
-        print(f"[{i}/{len(p.jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
+        _finished(s.out, f"[{i}/{len(p.jobs)}] {j.what}", log[0], t)
     return tabulate(s, p)
+
+
+def _failure(j: Job, code: int) -> str | None:
+    """Why job `j`, ended with exit status `code`, failed, or None if it did not."""
+    if code != 0:
+        return f"exit {code}"
+    return None if j.done.exists() else f"exit 0, but {j.done} was not written"
+
+
+def _finished(out: Path, what: str, line: str, t0: float) -> None:
+    """A job's command line appended to OUT/commands.txt, and its time printed."""
+    with open(out / "commands.txt", "a") as f:
+        f.write(line + "\n")
+    print(f"{what}: {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 # `rpt ARGV` in a process of its own, with this interpreter (and so this environment's rpt)
@@ -374,13 +385,10 @@ def run_side_by_side(jobs: list[Job], n: int, out: Path) -> None:
                 procs.discard(proc)
                 if stopped:
                     return
-                if code != 0 or not j.done.exists():
-                    why = f"exit {code}" if code != 0 else f"exit 0, but {j.done} was not written"
+                if why := _failure(j, code):
                     failed.append(f"{j.what} failed ({why}); its output: {log_path}; the command: {line}")
                     return
-                with open(out / "commands.txt", "a") as f:
-                    f.write(line + "\n")
-                print(f"[{i}/{len(jobs)}] {j.what}: {time.perf_counter() - t:.0f} s", flush=True)
+                _finished(out, f"[{i}/{len(jobs)}] {j.what}", line, t)
 
     def stop(signum: int, frame: Any) -> None:  # SIGTERM: each run under way stops as `rpt train` does (a checkpoint)
         with lock:

@@ -371,7 +371,7 @@ def merge_label_stores(paths: list[str | Path], out: str | Path) -> Path:
             raise LabelError(f"cannot merge: {prev.path} ends at document {prev.doc_range[1]} but {s.path} starts at "
                              f"{s.doc_range[0]}")
     lo, hi = stores[0].doc_range[0], stores[-1].doc_range[1]
-    config = {k: v for k, v in base.items() if k not in ("format_version", "arrays", "environments")}
+    config = {k: v for k, v in base.items() if k not in ("format_version", "arrays")}
     counts = np.concatenate([np.diff(s.chunk_offsets) for s in stores])
     writer = LabelWriter(out, config, (lo, hi), counts, int(base["k"]))
     for name in ARRAYS:  # bulk copy, shard by shard (documents stay in order)
