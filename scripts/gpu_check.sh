@@ -65,7 +65,7 @@ for s in "${stages[@]}"; do
     env)
       run env bash -c "(nvidia-smi || echo 'no nvidia-smi'); $PYTHON -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"cpu\")'" ;;
     tests)
-      run tests $PYTHON -m pytest -m gpu -q -p no:cacheprovider ;;
+      run tests $PYTHON -m pytest -m gpu -n 0 -q -p no:cacheprovider ;;  # one process: the GPU is not shared
     kernels)
       run kernels $LAB bench --kernels --device "$DEVICE" --preset "$PRESET" --seq-len "$SEQ" --precision "$PRECISION" \
         --batch-size 1 --variants "$KERNEL_VARIANTS" --out "$out/kernels.json" ;;

@@ -44,7 +44,7 @@ def test_every_stage_runs_its_command(tmp_path, recording_command, monkeypatch):
     assert scale.scale and (scale.variants, scale.steps, scale.seq_len, scale.precision) == ("xl,rpt-sem", 2, 512, "fp32")
     assert compiled.scale and compiled.compile == "both" and compiled.out == out / "compile.json"
     env, tests, labels = recording_command.calls("python")
-    assert env[0] == "-c" and tests == ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+    assert env[0] == "-c" and tests == ["-m", "pytest", "-m", "gpu", "-n", "0", "-q", "-p", "no:cacheprovider"]
     import lab.bench_labels as bench_labels
 
     got = []
