@@ -14,13 +14,15 @@ number of neighbours at inference; its results over several seeds and several ne
                 random neighbours / ppl with the own source (above 1: the retriever's choice helps)
     BM25        for a model with its own retriever: ppl with BM25's neighbours instead, and that gain (is the reader or
                 the retriever the weak part?)
+    vs REF      with --against (an ablation table): ppl / the reference setting's ppl, per seed, for every other
+                setting of the same data and step (paired like vs xl)
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
 
 An ordering between two rows is supported only where the gap of the means exceeds the spread; the table prints the
 spread next to every mean so that a reader can check, and `n` says how many runs stand behind it. A setting trained
 more than once with one seed (in other run folders) pools every run: each run is one replicate, paired with the
 results of the same run folder (and, for vs xl, with xl's run of the same seed and repeat). The paired ratios (vs
-xl, the gains) also get a 95% interval from a two-level bootstrap: each draw resamples the runs with replacement and
+xl, vs REF, the gains) also get a 95% interval from a two-level bootstrap: each draw resamples the runs with replacement and
 the test documents with replacement (one document draw for every run and both sides of the ratio), recomputes each
 drawn run's ratio from the drawn documents' NLL sums and token counts, and takes the mean over the drawn runs; the
 2.5th and 97.5th percentiles of BOOTSTRAP draws bound it, so the interval holds run-to-run (seed) spread as well as
@@ -383,10 +385,12 @@ def _final(r: dict[str, Any]) -> bool:
     return r.get("step") is not None and r.get("step") == r["config"].get("train", {}).get("steps")
 
 
-def compare(results: list[dict[str, Any]], domain: str | None = None, step: int | str | None = None) -> dict[str, Any]:
+def compare(results: list[dict[str, Any]], domain: str | None = None, step: int | str | None = None,
+            against: str | None = None) -> dict[str, Any]:
     """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure;
     `step` keeps only the results of checkpoints at that step, or with "final" each run's last one (train.steps:
-    the rows of xl with 1.5x the updates then stand beside the others)."""
+    the rows of xl with 1.5x the updates then stand beside the others); `against`: the text of one setting's label
+    (e.g. "ss_schedule=anneal"), which every other setting of the same data and step is paired with ("vs_ref")."""
     if domain is not None and domain not in DOMAINS:
         raise UserError(f"--paper {domain!r}: choose from {', '.join(DOMAINS)}")
     if step == "final":
@@ -420,6 +424,18 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         base = [x for x in same if x.config["model.n_layers"] == layers and x.config["train.steps"] == steps]
         return base[0] if len(base) == 1 else None
 
+    ref = None
+    if against is not None:
+        named = [s for s in settings if against in s.label]
+        if len(named) != 1:
+            raise UserError(f"--against {against!r}: {'no setting' if not named else f'{len(named)} settings'} "
+                            f"match; the settings are: {'; '.join(s.label for s in settings)}")
+        ref = named[0]
+
+    def pairs_with_ref(s: Setting) -> bool:
+        return (ref is not None and s is not ref and all(ref.config.get(k) == s.config.get(k) for k in data_keys)
+                and (s.config["train.steps"] == ref.config["train.steps"] if step == "final" else s.step == ref.step))
+
     rows = []
     for s in settings:
         src = default_source(s.variant)
@@ -433,6 +449,10 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if xl is not None and xl is not s:
             row["vs_xl"] = _stats(_ratios(own, xl.ppl.get("none", {})))
             row["vs_xl_ci"] = bootstrap_ratio(s.docs.get(src, {}), xl.docs.get("none", {}))
+        if pairs_with_ref(s):
+            ref_src = default_source(ref.variant)
+            row["vs_ref"] = _stats(_ratios(own, ref.ppl.get(ref_src, {})))
+            row["vs_ref_ci"] = bootstrap_ratio(s.docs.get(src, {}), ref.docs.get(ref_src, {}))
         if src != "none":
             row["none"] = _stats(list(s.ppl.get("none", {}).values()))
             row["gain"] = _stats(_ratios(s.ppl.get("none", {}), own))
@@ -440,6 +460,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if "oracle" in s.ppl and not s.sampled_gold:
             row["oracle"] = _stats(list(s.ppl["oracle"].values()))
             row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
+            row["oracle_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("oracle", {}))
         elif "oracle" in s.ppl:  # a sampled gold: the oracle is a ceiling only on the tokens whose gold was scored
             oracle = {x: v[0] for x, v in s.scored.get("oracle", {}).items()}
             none = {x: v[0] for x, v in s.scored.get("none", {}).items()}
@@ -461,6 +482,7 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         if src == "model" and "bm25" in s.ppl:  # an own retriever's model read with BM25's neighbours instead
             row["bm25"] = _stats(list(s.ppl["bm25"].values()))
             row["bm25_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["bm25"]))
+            row["bm25_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("bm25", {}))
         for who in RANKINGS:
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
@@ -507,10 +529,12 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
         for e in r.get("train_environments") or []:  # where the checkpoints' updates ran
             if (e := {k: v for k, v in e.items() if k != "from_step"}) not in trained:
                 trained.append(e)
-    return {"domain": domain, "paper_note": note, "rows": rows, "environment": environment(), "result_environments": envs,
+    return {"domain": domain, "paper_note": note, "rows": rows, "against": ref.label if ref is not None else None,
+            "environment": environment(), "result_environments": envs,
             "train_environments": trained,
             "note": "mean ± sd over runs (n: runs; a seed trained again in another folder is one more run); gains and "
-                    "vs-xl ratios are paired per run; an ordering holds only where the gap exceeds the spread; "
+                    "vs-xl (and vs-reference) ratios are paired per run; an ordering holds only where the gap exceeds the "
+                    "spread; "
                     "[low, high]: 95% interval from resampling runs and test documents together "
                     f"({BOOTSTRAP} draws; an interval containing 1 does not support a difference)"}
 
@@ -562,7 +586,8 @@ def to_markdown(table: dict[str, Any]) -> str:
     paper = table["domain"] is not None
     dpr = any("dpr" in r for r in table["rows"])
     bm25 = any("bm25" in r for r in table["rows"])
-    head = ["model", "n", "ppl", "vs xl", "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
+    vs_ref = [f"vs {table['against']}"] if table.get("against") else []
+    head = ["model", "n", "ppl", "vs xl", *vs_ref, "ppl, no neighbours", "retrieval gain", "oracle ppl", "oracle gain"]
     rand = any("random" in r for r in table["rows"])
     head += ["ppl, random neighbours", "random gain", "own vs random"] if rand else []
     head += ["ppl, BM25 neighbours", "BM25 gain"] if bm25 else []
@@ -575,12 +600,13 @@ def to_markdown(table: dict[str, Any]) -> str:
         n = r.get("runs", len(r["seeds"]))
         runs = str(n) if n == len(r["seeds"]) else f"{n} ({len(r['seeds'])} seeds)"
         cells = [r["label"], runs, _fmt(r["ppl"]), _fmt(r.get("vs_xl"), 3, n_row=n) + _ci(r.get("vs_xl_ci")),
+                 *([_fmt(r.get("vs_ref"), 3, n_row=n) + _ci(r.get("vs_ref_ci"))] if vs_ref else []),
                  _fmt(r.get("none"), n_row=n), _fmt(r.get("gain"), 3, n_row=n) + _ci(r.get("gain_ci")),
                  _fmt(r.get("oracle"), n_row=n) + ("¹" if r.get("oracle_scope") else ""),
-                 _fmt(r.get("oracle_gain"), 3, n_row=n)]
+                 _fmt(r.get("oracle_gain"), 3, n_row=n) + _ci(r.get("oracle_gain_ci"))]
         cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n),
                   _fmt(r.get("own_vs_random"), 3, n_row=n) + _ci(r.get("own_vs_random_ci"))] if rand else []
-        cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n)] if bm25 else []
+        cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n) + _ci(r.get("bm25_gain_ci"))] if bm25 else []
         cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
         if paper:
             p = r.get("paper") or {}

@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paper", choices=DOMAINS, help="add the paper's figures for this dataset (Code for a code corpus)")
     p.add_argument("--step", type=_step, help="only the results of checkpoints at this step, or `final`: each run's "
                    "last (its train.steps; puts xl with 1.5x the updates beside the rest); default: every step, one row each")
+    p.add_argument("--against", metavar="TEXT", help="an ablation table: pair every setting with the one whose label "
+                   "contains TEXT (e.g. ss_schedule=anneal), per seed, with a 95%% interval over runs and documents")
     p.add_argument("--out", help="also write the table as JSON here")
     p.add_argument("--markdown", help="also write the Markdown tables here")
 
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     for arg in ("out", "markdown"):  # before any work: never over a file of the user's, nor a result being read
         if getattr(args, arg):
             claim_file(getattr(args, arg), "compare", arg=arg, inputs={"results": list(args.results)})
-    table = compare(load_results(args.results), args.paper, args.step)
+    table = compare(load_results(args.results), args.paper, args.step, args.against)
     text = to_markdown(table)
     print(text)
     if args.out:

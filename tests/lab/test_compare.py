@@ -298,3 +298,41 @@ def test_the_papers_figures_beside_another_corpus_are_marked_not_comparable():
     assert to_markdown(table).startswith("Not comparable: these results are on pari")
     same = [result("xl", 0, "none", 100.0, data__corpus="hf:codeparrot")]
     assert compare(same, "code")["paper_note"] is None and compare(rs)["paper_note"] is None  # no --paper: no note
+
+
+def test_against_pairs_every_ablation_with_the_reference_setting_per_seed(tmp_path, capsys):
+    """An ablation table: each row / the named setting's row, per seed, with a two-level interval; BM25 and oracle
+    gains get theirs too; a name that matches no setting or several is one clear error."""
+    import math
+
+    def run(schedule, seed, own_nll, none_nll):
+        docs = lambda nll: [(nll * (d + 1) * 100, 100 * (d + 1)) for d in range(6)]  # noqa: E731
+        kw = {"train__ss_schedule": schedule}
+        return [with_docs(result("rpt-sem", seed, "model", math.exp(own_nll), **kw), docs(own_nll)),
+                with_docs(result("rpt-sem", seed, "none", math.exp(none_nll), **kw), docs(none_nll)),
+                with_docs(result("rpt-sem", seed, "bm25", math.exp(own_nll - 0.02), **kw), docs(own_nll - 0.02)),
+                with_docs(result("rpt-sem", seed, "oracle", math.exp(own_nll - 0.03), **kw), docs(own_nll - 0.03))]
+
+    rs = [r for seed in (0, 1) for r in run("anneal", seed, 4.60, 4.61) + run("gold", seed, 4.60 + 0.05, 4.66)]
+    table = compare(rs, against="ss_schedule=anneal")
+    rows = {r["label"]: r for r in table["rows"]}
+    assert table["against"] == "rpt-sem (ss_schedule=anneal)"
+    gold, anneal = rows["rpt-sem (ss_schedule=gold)"], rows["rpt-sem (ss_schedule=anneal)"]
+    assert "vs_ref" not in anneal  # the reference itself
+    assert gold["vs_ref"][0] == pytest.approx(math.exp(0.05)) and gold["vs_ref"][2] == 2
+    lo, hi, n = gold["vs_ref_ci"]  # every document and seed 5% worse: the interval is that ratio
+    assert n == 6 and lo == pytest.approx(math.exp(0.05)) and hi == pytest.approx(math.exp(0.05))
+    assert gold["bm25_gain_ci"][0] == pytest.approx(math.exp(0.03))
+    assert anneal["oracle_gain_ci"][1] == pytest.approx(math.exp(0.04))
+    md = to_markdown(table)
+    assert "| vs rpt-sem (ss_schedule=anneal) |" in md and f"{math.exp(0.05):.3f} ± 0.000 [" in md
+    with pytest.raises(UserError, match="no setting match; the settings are: rpt-sem"):
+        compare(rs, against="ss_schedule=own")
+    with pytest.raises(UserError, match="2 settings match"):
+        compare(rs, against="rpt-sem")
+    paths = []
+    for i, r in enumerate(rs):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps({k: v for k, v in r.items() if k != "_path"}))
+    assert main(["compare", *map(str, paths), "--against", "ss_schedule=anneal"]) == 0
+    assert "vs rpt-sem (ss_schedule=anneal)" in capsys.readouterr().out
