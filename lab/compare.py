@@ -14,6 +14,7 @@ number of neighbours at inference; its results over several seeds and several ne
                 random neighbours / ppl with the own source (above 1: the retriever's choice helps)
     BM25        for a model with its own retriever: ppl with BM25's neighbours instead, and that gain (is the reader or
                 the retriever the weak part?)
+    DPR         ppl with a DPR-style retriever's neighbours instead (`rpt eval --source dpr`), and that gain
     vs REF      with --against (an ablation table): ppl / the reference setting's ppl, per seed, for every other
                 setting of the same data and step (paired like vs xl)
     P@2 R@10 nDCG@20   the retriever against the oracle's labels (results made with --metrics); BM25's in its own row
@@ -470,8 +471,10 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             row["oracle_scope"] = {"query_fraction": sorted(s.sampled_gold),
                                    "token_share": _stats([v[1] for v in s.scored.get("oracle", {}).values()]),
                                    "own": _stats(list(own_scored.values())), "none": _stats(list(none.values()))}
-        if "dpr" in s.ppl:
+        if "dpr" in s.ppl:  # a DPR-style retriever's neighbours instead (`rpt eval --source dpr`), and that gain
             row["dpr"] = _stats(list(s.ppl["dpr"].values()))
+            row["dpr_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["dpr"]))
+            row["dpr_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("dpr", {}))
         if "random" in s.ppl:  # the control: random retrievable chunks of the same document
             row["random"] = _stats(list(s.ppl["random"].values()))
             row["random_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["random"]))
@@ -591,7 +594,7 @@ def to_markdown(table: dict[str, Any]) -> str:
     rand = any("random" in r for r in table["rows"])
     head += ["ppl, random neighbours", "random gain", "own vs random"] if rand else []
     head += ["ppl, BM25 neighbours", "BM25 gain"] if bm25 else []
-    head += ["ppl, DPR neighbours"] if dpr else []
+    head += ["ppl, DPR neighbours", "DPR gain"] if dpr else []
     if paper:
         head += [f"paper ({table['domain']})", "paper oracle"] + (["paper DPR"] if dpr else [])
     lines = [table["paper_note"], ""] if table.get("paper_note") else []
@@ -607,7 +610,7 @@ def to_markdown(table: dict[str, Any]) -> str:
         cells += [_fmt(r.get("random"), n_row=n), _fmt(r.get("random_gain"), 3, n_row=n),
                   _fmt(r.get("own_vs_random"), 3, n_row=n) + _ci(r.get("own_vs_random_ci"))] if rand else []
         cells += [_fmt(r.get("bm25"), n_row=n), _fmt(r.get("bm25_gain"), 3, n_row=n) + _ci(r.get("bm25_gain_ci"))] if bm25 else []
-        cells += [_fmt(r.get("dpr"), n_row=n)] if dpr else []
+        cells += [_fmt(r.get("dpr"), n_row=n), _fmt(r.get("dpr_gain"), 3, n_row=n) + _ci(r.get("dpr_gain_ci"))] if dpr else []
         if paper:
             p = r.get("paper") or {}
             cells += [str(p.get("ppl", "")), str(p.get("oracle", ""))] + ([str(p.get("dpr", ""))] if dpr else [])

@@ -301,8 +301,8 @@ def test_the_papers_figures_beside_another_corpus_are_marked_not_comparable():
 
 
 def test_against_pairs_every_ablation_with_the_reference_setting_per_seed(tmp_path, capsys):
-    """An ablation table: each row / the named setting's row, per seed, with a two-level interval; BM25 and oracle
-    gains get theirs too; a name that matches no setting or several is one clear error."""
+    """An ablation table: each row / the named setting's row, per seed, with a two-level interval; BM25, oracle and
+    DPR gains get theirs too; a name that matches no setting or several is one clear error."""
     import math
 
     def run(schedule, seed, own_nll, none_nll):
@@ -311,7 +311,8 @@ def test_against_pairs_every_ablation_with_the_reference_setting_per_seed(tmp_pa
         return [with_docs(result("rpt-sem", seed, "model", math.exp(own_nll), **kw), docs(own_nll)),
                 with_docs(result("rpt-sem", seed, "none", math.exp(none_nll), **kw), docs(none_nll)),
                 with_docs(result("rpt-sem", seed, "bm25", math.exp(own_nll - 0.02), **kw), docs(own_nll - 0.02)),
-                with_docs(result("rpt-sem", seed, "oracle", math.exp(own_nll - 0.03), **kw), docs(own_nll - 0.03))]
+                with_docs(result("rpt-sem", seed, "oracle", math.exp(own_nll - 0.03), **kw), docs(own_nll - 0.03)),
+                with_docs(result("rpt-sem", seed, "dpr", math.exp(own_nll - 0.01), **kw), docs(own_nll - 0.01))]
 
     rs = [r for seed in (0, 1) for r in run("anneal", seed, 4.60, 4.61) + run("gold", seed, 4.60 + 0.05, 4.66)]
     table = compare(rs, against="ss_schedule=anneal")
@@ -324,6 +325,7 @@ def test_against_pairs_every_ablation_with_the_reference_setting_per_seed(tmp_pa
     assert n == 6 and lo == pytest.approx(math.exp(0.05)) and hi == pytest.approx(math.exp(0.05))
     assert gold["bm25_gain_ci"][0] == pytest.approx(math.exp(0.03))
     assert anneal["oracle_gain_ci"][1] == pytest.approx(math.exp(0.04))
+    assert anneal["dpr_gain"][0] == pytest.approx(math.exp(0.02)) and anneal["dpr_gain_ci"][0] == pytest.approx(math.exp(0.02))
     md = to_markdown(table)
     assert "| vs rpt-sem (ss_schedule=anneal) |" in md and f"{math.exp(0.05):.3f} ± 0.000 [" in md
     with pytest.raises(UserError, match="no setting match; the settings are: rpt-sem"):
