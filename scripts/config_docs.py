@@ -38,7 +38,7 @@ field or default here differs from the code.
 """
 
 PARAMS = """
-The counts below are printed by `pytest tests/model -k preset -s` (built on
+The counts below are printed by `pytest tests/model -k preset -s -n 0` (built on
 the meta device, GPT-NeoX vocabulary 50,277 for the three paper-sized presets).
 
 | preset | layers | D | heads | CCA layers | xl | retro | rpt-lex / rpt-sem | memorizing | block-recurrent | griffin |
