@@ -390,8 +390,9 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             against: str | None = None) -> dict[str, Any]:
     """The comparison as data: one row per setting (see the module docstring); `domain` adds the paper's figure;
     `step` keeps only the results of checkpoints at that step, or with "final" each run's last one (train.steps:
-    the rows of xl with 1.5x the updates then stand beside the others); `against`: the text of one setting's label
-    (e.g. "ss_schedule=anneal"), which every other setting of the same data and step is paired with ("vs_ref")."""
+    the rows of xl with 1.5x the updates then stand beside the others); `against`: one setting's label, or text that
+    only its label contains (e.g. "ss_schedule=anneal"), which every other setting of the same data and step is paired
+    with ("vs_ref"); with several steps among the results, `step` must pick one (or "final")."""
     if domain is not None and domain not in DOMAINS:
         raise UserError(f"--paper {domain!r}: choose from {', '.join(DOMAINS)}")
     if step == "final":
@@ -427,7 +428,10 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
 
     ref = None
     if against is not None:
-        named = [s for s in settings if against in s.label]
+        if step != "final" and len(steps := sorted({s.step for s in settings}, key=str)) > 1:
+            raise UserError(f"--against: the results hold checkpoints at several steps ({', '.join(map(str, steps))}); "
+                            "choose one with --step N, or each run's last with --step final")
+        named = [s for s in settings if s.label == against] or [s for s in settings if against in s.label]
         if len(named) != 1:
             raise UserError(f"--against {against!r}: {'no setting' if not named else f'{len(named)} settings'} "
                             f"match; the settings are: {'; '.join(s.label for s in settings)}")

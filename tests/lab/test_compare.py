@@ -301,40 +301,69 @@ def test_the_papers_figures_beside_another_corpus_are_marked_not_comparable():
 
 
 def test_against_pairs_every_ablation_with_the_reference_setting_per_seed(tmp_path, capsys):
-    """An ablation table: each row / the named setting's row, per seed, with a two-level interval; BM25, oracle and
-    DPR gains get theirs too; a name that matches no setting or several is one clear error."""
+    """An ablation table: each row / the named setting's row, paired by seed, with a two-level interval; BM25, oracle
+    and DPR gains get theirs too; another store is not paired; a name that matches no setting or several, or results
+    at several steps without --step, is one clear error."""
     import math
+    import random
 
-    def run(schedule, seed, own_nll, none_nll):
-        docs = lambda nll: [(nll * (d + 1) * 100, 100 * (d + 1)) for d in range(6)]  # noqa: E731
-        kw = {"train__ss_schedule": schedule}
-        return [with_docs(result("rpt-sem", seed, "model", math.exp(own_nll), **kw), docs(own_nll)),
-                with_docs(result("rpt-sem", seed, "none", math.exp(none_nll), **kw), docs(none_nll)),
-                with_docs(result("rpt-sem", seed, "bm25", math.exp(own_nll - 0.02), **kw), docs(own_nll - 0.02)),
-                with_docs(result("rpt-sem", seed, "oracle", math.exp(own_nll - 0.03), **kw), docs(own_nll - 0.03)),
-                with_docs(result("rpt-sem", seed, "dpr", math.exp(own_nll - 0.01), **kw), docs(own_nll - 0.01))]
+    noise = random.Random(0)
 
-    rs = [r for seed in (0, 1) for r in run("anneal", seed, 4.60, 4.61) + run("gold", seed, 4.60 + 0.05, 4.66)]
-    table = compare(rs, against="ss_schedule=anneal")
+    def run(schedule, seed, own_nll, none_nll, step=100, **kw):
+        def docs(nll):  # per-document NLL with noise, so that an interval is not one point
+            return [((nll + noise.gauss(0, 0.01)) * 100 * (d + 1), 100 * (d + 1)) for d in range(6)]
+
+        kw = {"train__ss_schedule": schedule, **kw}
+        sources = {"model": own_nll, "none": none_nll, "bm25": own_nll - 0.02, "oracle": own_nll - 0.03,
+                   "dpr": own_nll - 0.01}
+        out = []
+        for src, nll in sources.items():
+            d = docs(nll)
+            ppl = math.exp(sum(x for x, _ in d) / sum(n for _, n in d))
+            out.append(with_docs(result("rpt-sem", seed, src, ppl, step=step, **kw), d))
+        return out
+
+    gaps = {0: 0.08, 1: 0.02}  # the gold schedule's NLL over the annealed one's, per seed
+    rs = [r for seed in (0, 1) for r in run("anneal", seed, 4.60 + 0.1 * seed, 4.61 + 0.1 * seed)
+          + run("gold", seed, 4.60 + 0.1 * seed + gaps[seed], 4.66 + 0.1 * seed + gaps[seed])]
+    other = run("own", 0, 4.0, 4.0, data__store="elsewhere")  # another store: never paired with the reference
+    table = compare(rs + other, against="ss_schedule=anneal")
     rows = {r["label"]: r for r in table["rows"]}
-    assert table["against"] == "rpt-sem (ss_schedule=anneal)"
-    gold, anneal = rows["rpt-sem (ss_schedule=gold)"], rows["rpt-sem (ss_schedule=anneal)"]
-    assert "vs_ref" not in anneal  # the reference itself
-    assert gold["vs_ref"][0] == pytest.approx(math.exp(0.05)) and gold["vs_ref"][2] == 2
-    lo, hi, n = gold["vs_ref_ci"]  # every document and seed 5% worse: the interval is that ratio
-    assert n == 6 and lo == pytest.approx(math.exp(0.05)) and hi == pytest.approx(math.exp(0.05))
-    assert gold["bm25_gain_ci"][0] == pytest.approx(math.exp(0.03))
-    assert anneal["oracle_gain_ci"][1] == pytest.approx(math.exp(0.04))
-    assert anneal["dpr_gain"][0] == pytest.approx(math.exp(0.02)) and anneal["dpr_gain_ci"][0] == pytest.approx(math.exp(0.02))
-    md = to_markdown(table)
-    assert "| vs rpt-sem (ss_schedule=anneal) |" in md and f"{math.exp(0.05):.3f} ± 0.000 [" in md
+    assert "ss_schedule=anneal" in table["against"]
+    gold = next(r for label, r in rows.items() if "gold" in label)
+    anneal = next(r for label, r in rows.items() if "anneal" in label)
+    own = next(r for label, r in rows.items() if "=own" in label)
+    assert "vs_ref" not in anneal and "vs_ref" not in own
+    want = [gold_ppl / anneal_ppl for gold_ppl, anneal_ppl in  # paired per seed, not a ratio of means
+            ((r_g["total"]["perplexity"], r_a["total"]["perplexity"]) for r_g, r_a in
+             ((next(r for r in rs if r["eval"]["source"] == "model" and r["config"]["train"]["seed"] == sd
+                    and r["config"]["train"]["ss_schedule"] == sch) for sch in ("gold", "anneal")) for sd in (0, 1)))]
+    assert gold["vs_ref"][0] == pytest.approx(sum(want) / 2) and gold["vs_ref"][2] == 2
+    lo, hi, n = gold["vs_ref_ci"]
+    assert n == 6 and 1 < lo < math.exp(0.03) and math.exp(0.07) < hi < math.exp(0.09) and lo < hi  # seeds' spread in it
+    assert 1 < gold["bm25_gain_ci"][0] < gold["bm25_gain_ci"][1] and anneal["oracle_gain_ci"][0] > 1
+    assert anneal["dpr_gain"][0] == pytest.approx(math.exp(0.02), rel=0.01) and anneal["dpr_gain_ci"][0] > 1
+    md = to_markdown(table).splitlines()
+    header = next(line for line in md if line.startswith("| model |")).split(" | ")
+    col = header.index(f"vs {table['against']}")
+    cell = next(line for line in md if line.startswith(f"| {gold['label']} |")).split(" | ")[col]
+    assert cell == f"{gold['vs_ref'][0]:.3f} ± {gold['vs_ref'][1]:.3f} [{lo:.3f}, {hi:.3f}]"
+    assert next(line for line in md if line.startswith(f"| {anneal['label']} |")).split(" | ")[col] == ""
     with pytest.raises(UserError, match="no setting match; the settings are: rpt-sem"):
-        compare(rs, against="ss_schedule=own")
+        compare(rs, against="ss_schedule=none")
     with pytest.raises(UserError, match="2 settings match"):
         compare(rs, against="rpt-sem")
+    later = run("anneal", 0, 4.5, 4.5, step=200)
+    with pytest.raises(UserError, match="several steps .*--step N"):
+        compare(rs + later, against="ss_schedule=anneal")
+    assert compare(rs + later, step=100, against="ss_schedule=anneal")["against"] == "rpt-sem (ss_schedule=anneal)"
     paths = []
     for i, r in enumerate(rs):
         paths.append(tmp_path / f"r{i}.json")
         paths[-1].write_text(json.dumps({k: v for k, v in r.items() if k != "_path"}))
-    assert main(["compare", *map(str, paths), "--against", "ss_schedule=anneal"]) == 0
+    out = tmp_path / "t.json"
+    assert main(["compare", *map(str, paths), "--against", "ss_schedule=anneal", "--out", str(out)]) == 0
     assert "vs rpt-sem (ss_schedule=anneal)" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["against"] == "rpt-sem (ss_schedule=anneal)"
+    assert [r["label"] for r in saved["rows"] if r.get("vs_ref")] == ["rpt-sem (ss_schedule=gold)"]
