@@ -382,6 +382,13 @@ def _means(per_doc: PerDoc) -> dict[Run, float]:
 AGAINST = ("bm25", "recency", "random")
 
 
+def _paired(row: dict[str, Any], key: str, num: Setting, num_source: str, den: Setting, den_source: str) -> None:
+    """row[key]: ppl of `num` with num_source / ppl of `den` with den_source, per run (mean ± sd), and row[key_ci]: its
+    95% interval over runs and test documents (None without per-document results)."""
+    row[key] = _stats(_ratios(num.ppl.get(num_source, {}), den.ppl.get(den_source, {})))
+    row[f"{key}_ci"] = bootstrap_ratio(num.docs.get(num_source, {}), den.docs.get(den_source, {}))
+
+
 def _final(r: dict[str, Any]) -> bool:
     return r.get("step") is not None and r.get("step") == r["config"].get("train", {}).get("steps")
 
@@ -452,20 +459,15 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             row["one_document"] = True  # no interval: one document cannot be resampled
         xl = xl_for(s)
         if xl is not None and xl is not s:
-            row["vs_xl"] = _stats(_ratios(own, xl.ppl.get("none", {})))
-            row["vs_xl_ci"] = bootstrap_ratio(s.docs.get(src, {}), xl.docs.get("none", {}))
+            _paired(row, "vs_xl", s, src, xl, "none")
         if pairs_with_ref(s):
-            ref_src = default_source(ref.variant)
-            row["vs_ref"] = _stats(_ratios(own, ref.ppl.get(ref_src, {})))
-            row["vs_ref_ci"] = bootstrap_ratio(s.docs.get(src, {}), ref.docs.get(ref_src, {}))
+            _paired(row, "vs_ref", s, src, ref, default_source(ref.variant))
         if src != "none":
             row["none"] = _stats(list(s.ppl.get("none", {}).values()))
-            row["gain"] = _stats(_ratios(s.ppl.get("none", {}), own))
-            row["gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get(src, {}))
+            _paired(row, "gain", s, "none", s, src)
         if "oracle" in s.ppl and not s.sampled_gold:
             row["oracle"] = _stats(list(s.ppl["oracle"].values()))
-            row["oracle_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["oracle"]))
-            row["oracle_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("oracle", {}))
+            _paired(row, "oracle_gain", s, "none", s, "oracle")
         elif "oracle" in s.ppl:  # a sampled gold: the oracle is a ceiling only on the tokens whose gold was scored
             oracle = {x: v[0] for x, v in s.scored.get("oracle", {}).items()}
             none = {x: v[0] for x, v in s.scored.get("none", {}).items()}
@@ -477,19 +479,16 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
                                    "own": _stats(list(own_scored.values())), "none": _stats(list(none.values()))}
         if "dpr" in s.ppl:  # a DPR-style retriever's neighbours instead (`rpt eval --source dpr`), and that gain
             row["dpr"] = _stats(list(s.ppl["dpr"].values()))
-            row["dpr_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["dpr"]))
-            row["dpr_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("dpr", {}))
+            _paired(row, "dpr_gain", s, "none", s, "dpr")
         if "random" in s.ppl:  # the control: random retrievable chunks of the same document
             row["random"] = _stats(list(s.ppl["random"].values()))
             row["random_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["random"]))
             # own neighbours against random ones: does the retriever's choice matter beyond any chunk of the document?
             if src != "none":
-                row["own_vs_random"] = _stats(_ratios(s.ppl["random"], own))
-                row["own_vs_random_ci"] = bootstrap_ratio(s.docs.get("random", {}), s.docs.get(src, {}))
+                _paired(row, "own_vs_random", s, "random", s, src)
         if src == "model" and "bm25" in s.ppl:  # an own retriever's model read with BM25's neighbours instead
             row["bm25"] = _stats(list(s.ppl["bm25"].values()))
-            row["bm25_gain"] = _stats(_ratios(s.ppl.get("none", {}), s.ppl["bm25"]))
-            row["bm25_gain_ci"] = bootstrap_ratio(s.docs.get("none", {}), s.docs.get("bm25", {}))
+            _paired(row, "bm25_gain", s, "none", s, "bm25")
         for who in RANKINGS:
             if s.metrics.get(who):
                 vals = list(s.metrics[who].values())
