@@ -38,10 +38,9 @@ zero state (the chunk's own contribution), and one loop over the N chunks carrie
     h_t = intra_t + (a_{t0} ... a_t) h_{t0-1}
 
 Every factor is a product of a's <= 1, so nothing overflows however close a is to 0 or 1; the work is O(B T R) in
-about 2 sqrt(T) vectorised steps (a closed form inside each chunk, with its [L, L] matrix of decays, was 9-34x slower
-on a CPU at T = 2,048: benchmarks/griffin_scan.py). Its backward pass is the same scan run backwards in time (the
-adjoint of a linear recurrence is a linear recurrence), so nothing is kept for autograd but the inputs and the output:
-O(B T R).
+about 2 sqrt(T) vectorised steps (a closed form per chunk, with an [L, L] matrix of decays: 9-34x slower on a CPU,
+benchmarks/griffin_scan.py). Its backward pass is the same scan run backwards in time (the adjoint of a linear
+recurrence is a linear recurrence), so nothing is kept for autograd but the inputs and the output: O(B T R).
 
 Which choices are ours (the rest is Griffin):
     - the local attention window is the trunk's sliding segment window (2 segments), and it keeps MHA and rotary;
