@@ -12,6 +12,12 @@ alone on the machine. `loss_chunk=0` measures the full-logit loss (the default i
     python benchmarks/memory_estimate.py variants=memorizing seq=8192 repeat=3      # the peak's run-to-run spread
     MALLOC_MMAP_THRESHOLD_=131072 python benchmarks/memory_estimate.py ...          # glibc: no heap fragmentation
     python benchmarks/memory_estimate.py preset=small set=model.attn_dropout=0      # config fields (;-separated)
+    python benchmarks/memory_estimate.py saved=1 preset=small seq=2048 batch=1 attn_dropout=0.05,0
+
+`saved=1` checks the estimate's layer and retrieval terms alone against what autograd keeps for backward, counted with
+saved-tensor hooks (`rpt.training.footprint.saved_tensor_bytes`, one training forward on the CPU, no peak RSS): the
+table of speed.md's step-memory section. `attn_dropout=P,Q` runs each value (the CPU takes the math attention path
+whenever P > 0, the fused one at 0).
 
 `repeat=N` measures each config N times (fresh processes) and reports the smallest and largest peak: on glibc the
 peak RSS of one config varies from run to run with the allocator's dynamic mmap threshold (memorizing, 2 x 8,192
@@ -44,6 +50,8 @@ def main(argv: list[str]) -> None:
     repeat = int(opts.get("repeat", 1))
     chunk = int(opts["loss_chunk"]) if "loss_chunk" in opts else None  # None: the config's default (chunked)
     overrides = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in opts.get("set", "").split(";") if x)}
+    if opts.get("saved") == "1":
+        return saved_tensors(opts, preset, seqs, variants, batch, vocab, chunk, overrides)
     rows = []
     print(f"{'variant':8} {'tokens':>7} {'estimate':>10} {'measured':>10} {'est/meas':>8}")
     for v in variants:
@@ -73,6 +81,42 @@ def main(argv: list[str]) -> None:
         env = {k: os.environ[k] for k in os.environ if k.startswith("MALLOC_")}
         with open(opts["out"], "w") as f:
             json.dump({"machine": machine(), "malloc_env": env, "rows": rows}, f, indent=2)
+
+
+def saved_tensors(opts: dict[str, str], preset: str, seqs: list[int], variants: list[str], batch: int, vocab: int,
+                  chunk: int | None, overrides: dict) -> None:
+    """The estimate's layer and retrieval terms (less the transients a layer frees inside itself, which autograd does
+    not keep) against the bytes saved for backward, per variant, length and attention dropout."""
+    import torch
+
+    from lab.bench import machine, scale_config
+    from rpt.model.registry import model_class
+    from rpt.training.footprint import estimate_step_memory, saved_tensor_bytes
+
+    torch.set_num_threads(1)
+    drops = [float(x) for x in opts["attn_dropout"].split(",")] if "attn_dropout" in opts else [None]
+    rows = []
+    print(f"{'variant':8} {'tokens':>7} {'attn_dropout':>12} {'saved MiB':>10} {'estimate MiB':>12} {'est/saved':>9}")
+    for v in variants:
+        for p in drops:
+            for T in seqs:
+                over = dict(overrides, **({"model.attn_dropout": p} if p is not None else {}))
+                cfg = scale_config(v, preset, T, batch, vocab, loss_chunk=chunk, overrides=over)
+                saved = saved_tensor_bytes(cfg)
+                est = estimate_step_memory(cfg, "cpu")
+                counted = (est.layers + est.retrieval
+                           - model_class(v).temporary_bytes(cfg.model, cfg.train.batch_size, cfg.data.seq_len))
+                total = sum(saved.values())
+                rows.append({"variant": v, "preset": preset, "seq_len": T, "batch_size": batch, "vocab_size": vocab,
+                             "attn_dropout": cfg.model.attn_dropout, "loss_chunk": cfg.train.loss_chunk,
+                             "overrides": over, "saved_bytes": total, "saved_by_module": saved,
+                             "estimate_bytes": counted, "ratio": counted / total})
+                print(f"{v:8} {T:7d} {cfg.model.attn_dropout:12g} {total / 2**20:10,.0f} {counted / 2**20:12,.0f} "
+                      f"{counted / total:9.2f}")
+    if "out" in opts:
+        with open(opts["out"], "w") as f:
+            json.dump({"machine": machine(), "what": "saved-tensor bytes against the estimate's layer and retrieval "
+                       "terms (rpt.training.footprint)", "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

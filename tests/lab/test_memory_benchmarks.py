@@ -20,6 +20,21 @@ def test_memory_estimate_benchmark_takes_config_fields(tmp_path, monkeypatch, be
     assert row["measured_peak_bytes"] > 0 and 0.3 < row["ratio"] < 3
 
 
+def test_saved_mode_sets_the_estimate_against_the_saved_tensors_on_both_attention_paths(tmp_path, benchmark_script):
+    out = tmp_path / "s.json"
+    benchmark_script("memory_estimate").main(["saved=1", "seq=512", "vocab=512", "variants=xl,rpt-sem", "batch=1",
+                                              "attn_dropout=0.05,0", f"out={out}"])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["attn_dropout"]) for r in rows] == [("xl", 0.05), ("xl", 0), ("rpt-sem", 0.05),
+                                                                  ("rpt-sem", 0)]
+    for r in rows:
+        assert r["saved_bytes"] == sum(r["saved_by_module"].values()) > 0
+        assert 0.85 < r["ratio"] < 1.18, r  # the bound tests/train/test_memory_estimate.py holds the estimate to
+    by = {(r["variant"], r["attn_dropout"]): r["saved_bytes"] for r in rows}
+    assert by["xl", 0.05] > by["xl", 0] and by["rpt-sem", 0.05] > by["rpt-sem", 0]  # the math path's score rows
+    assert "layers.*.cca" in rows[2]["saved_by_module"] and "layers.*.cca" not in rows[0]["saved_by_module"]
+
+
 def test_malloc_threshold_benchmark_alternates_the_two_allocators(tmp_path, monkeypatch, benchmark_script):
     """Each probe's process starts with its own allocator setting, the two alternating by round. The probes are
     scripted here (each is `measure_step`, a fresh process reading MALLOC_MMAP_THRESHOLD_ when it starts, run for real
