@@ -108,10 +108,10 @@ def saved_tensors(opts: dict[str, str], preset: str, seqs: list[int], variants: 
                            - model_class(v).temporary_bytes(cfg.model, cfg.train.batch_size, cfg.data.seq_len))
                 total = sum(saved.values())
                 rows.append({"variant": v, "preset": preset, "seq_len": T, "batch_size": batch, "vocab_size": vocab,
-                             "attn_dropout": cfg.model.attn_dropout, "loss_chunk": cfg.train.loss_chunk,
+                             "attn_dropout": cfg.model.attention_dropout, "loss_chunk": cfg.train.loss_chunk,
                              "overrides": over, "saved_bytes": total, "saved_by_module": saved,
                              "estimate_bytes": counted, "ratio": counted / total})
-                print(f"{v:8} {T:7d} {cfg.model.attn_dropout:12g} {total / 2**20:10,.0f} {counted / 2**20:12,.0f} "
+                print(f"{v:8} {T:7d} {cfg.model.attention_dropout:12g} {total / 2**20:10,.0f} {counted / 2**20:12,.0f} "
                       f"{counted / total:9.2f}")
     if "out" in opts:
         with open(opts["out"], "w") as f:

@@ -25,7 +25,7 @@ its backward pass, in bytes:
   bias), the chunk encoder, and the [B, C, C] retrieval scores (C chunks) with the LambdaRank terms over them,
   counted as four [B, C, C] fp32 tensors;
 - the runtime itself (torch, the process, allocator slack: about 0.35 GB on the CPU);
-- on a CPU under glibc's default malloc, heap fragmentation: 30% of the above (measured 17-42%), none when
+- on a CPU under glibc's default malloc, heap fragmentation: 30% of the above (measured 7-43%), none when
   MALLOC_MMAP_THRESHOLD_ is set.
 
 The layer and retrieval terms are checked against what autograd really saves (`saved_tensor_bytes`, saved-tensor
@@ -50,7 +50,7 @@ from rpt.model.registry import build_model, model_class
 from rpt.utils import UserError
 
 RUNTIME_BYTES = 350 * 2**20  # the torch runtime, the Python process and allocator slack (benchmarks/memory_estimate.py)
-# glibc's default malloc on a CPU: a training step's peak resident set exceeded what the estimate counts by 1.17-1.42x
+# glibc's default malloc on a CPU: a training step's peak resident set exceeded what the estimate counts by 1.07-1.43x
 # (heap fragmentation under its dynamic mmap threshold); with MALLOC_MMAP_THRESHOLD_ set it matched within 3%, at a
 # 9-17% slower step (docs/results/speed.md#step-memory, benchmarks/malloc_threshold.py)
 CPU_HEAP_FRAGMENTATION = 1.3
