@@ -675,8 +675,10 @@ def to_markdown(table: dict[str, Any]) -> str:
 
 
 def _environment_text(e: dict[str, Any]) -> str:
-    """"x86_64 (AMD EPYC), 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0"."""
-    return (f"{e.get('machine')}" + (f" ({e['cpu']})" if e.get("cpu") else "") + f", {e.get('cpu_count')} CPUs, "
+    """"x86_64 (AMD EPYC; AVX2 kernels), 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0"."""
+    cpu = "; ".join(x for x in (e.get("cpu"), e.get("cpu_capability") and f"{e['cpu_capability']} kernels",
+                                *(f"{k}={v}" for k, v in (e.get("isa_variables") or {}).items())) if x)
+    return (f"{e.get('machine')}" + (f" ({cpu})" if cpu else "") + f", {e.get('cpu_count')} CPUs, "
             f"{e.get('threads')} threads" + (f", {e['gpu']}" if e.get("gpu") else "")
             + f", torch {e.get('torch')}, Python {e.get('python')}, rpt {e.get('rpt')}")
 

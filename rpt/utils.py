@@ -233,26 +233,36 @@ def write_json_atomic(path: str | Path, obj: Any, verb: str | None = None) -> No
 
 
 def cpu_name() -> str:
-    """The CPU's model name ("AMD EPYC 7R13 Processor"): /proc/cpuinfo on Linux, else what the platform says.
-    Another CPU model's matrix kernels may round differently, so two runs of one command compare figure for figure
-    only on the same model."""
+    """The CPU's model name ("AMD EPYC 7R13 Processor"): /proc/cpuinfo on Linux, else what the platform says."""
     import platform
 
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def _cpuinfo(field: str) -> str | None:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.partition(":")[2].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+# The CPU's vector extensions that pick torch's, MKL's and oneDNN's kernels, and the variables that override the choice
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
+_ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 
 
 def environment() -> dict[str, Any]:
-    """What a rerun must match to be compared figure for figure: the machine (architecture, CPU model and count, GPU),
-    torch's thread count, and the versions of torch, transformers, Python, rpt and the platform. Recorded by every
-    checkpoint of `rpt train` (one entry per stretch of updates run in one environment), by every result of `rpt eval`
-    and by every label folder of `rpt label` (one entry per stretch of documents)."""
+    """What a rerun must match to be compared figure for figure: the machine (architecture, CPU model, its vector
+    extensions and torch's kernel choice, any variable overriding that choice, CPU count, GPU), torch's thread count,
+    and the versions of torch, transformers, Python, rpt and the platform. Kernels of another vector extension round
+    differently, and a training run's figures then differ as another seed's do (docs/results/retrieval.md); a virtual
+    machine's model name often does not tell them apart. Recorded by every checkpoint of `rpt train` (one entry per
+    stretch of updates run in one environment), by every result of `rpt eval` and by every label folder of `rpt label`
+    (one entry per stretch of documents)."""
     import importlib.metadata
     import platform
 
@@ -265,7 +275,11 @@ def environment() -> dict[str, Any]:
         transformers = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         transformers = None
-    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu,
+    flags = set((_cpuinfo("flags") or "").split())
+    return {"machine": platform.machine(), "cpu": cpu_name(), "cpu_flags": [f for f in _ISA_FLAGS if f in flags],
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa_variables": {k: os.environ[k] for k in _ISA_VARIABLES if k in os.environ},
+            "cpu_count": os.cpu_count(), "gpu": gpu,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers,
             "python": platform.python_version(), "rpt": __version__, "platform": platform.platform()}
 

@@ -133,3 +133,8 @@ def test_compare_records_the_environments_of_its_results():
     assert "Results from: x86_64, 2 CPUs, 1 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0." in text
     assert ("Trained on: x86_64 (AMD EPYC), 2 CPUs, 2 threads, torch 2.13.0+cpu, Python 3.11.7, rpt 0.1.0; "
             "x86_64 (AMD EPYC), 2 CPUs, 1 threads") in text
+    # the kernels' vector extension, and a variable that overrode it, name runs whose CPU names are alike
+    rs[1]["train_environments"] = [{"from_step": 0, **env, "cpu": "AMD EPYC", "cpu_capability": "AVX2",
+                                    "isa_variables": {"ATEN_CPU_CAPABILITY": "avx2"}}]
+    assert ("x86_64 (AMD EPYC; AVX2 kernels; ATEN_CPU_CAPABILITY=avx2), 2 CPUs, 1 threads"
+            in to_markdown(compare(rs)))

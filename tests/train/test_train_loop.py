@@ -96,6 +96,19 @@ def test_checkpoints_record_where_their_updates_ran(corpus, monkeypatch):
     assert ck.load(again.checkpoint).environments == envs
 
 
+def test_the_environment_names_the_kernels_and_what_overrode_them(monkeypatch):
+    """Hosts whose CPUs a virtual machine names alike can run kernels of other vector extensions, whose rounding makes
+    a training run another draw: the environment tells them apart."""
+    import rpt.utils
+
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    e = rpt.utils.environment()
+    assert e["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert e["isa_variables"] == {"MKL_CBWR": "AVX2"}
+    assert set(e["cpu_flags"]) <= {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile"}
+
+
 def test_gradient_accumulation_equals_one_big_batch(corpus):
     tmp = corpus["tmp"]
     runs = {}
