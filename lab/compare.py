@@ -23,8 +23,9 @@ An ordering between two rows is supported only where the gap of the means exceed
 spread next to every mean so that a reader can check, and `n` says how many runs stand behind it. A setting trained
 more than once with one seed (in other run folders) pools every run: each run is one replicate, paired with the
 results of the same run folder (and, for vs xl, with xl's run of the same seed and repeat). The paired ratios (vs
-xl, vs REF, the gains) also get a 95% interval from a two-level bootstrap: each draw resamples the runs with replacement and
-the test documents with replacement (one document draw for every run and both sides of the ratio), recomputes each
+xl, vs REF, the gains) also get a 95% interval from a two-level bootstrap: each draw resamples the runs with replacement
+(where a seed has several runs: the seeds, then each drawn seed's runs, since runs of one seed share their start and
+data order) and the test documents with replacement (one document draw for every run and both sides of the ratio), recomputes each
 drawn run's ratio from the drawn documents' NLL sums and token counts, and takes the mean over the drawn runs; the
 2.5th and 97.5th percentiles of BOOTSTRAP draws bound it, so the interval holds run-to-run (seed) spread as well as
 the spread over documents. An interval that contains 1 means the runs and documents do not support a difference.
@@ -298,9 +299,9 @@ PerDoc = dict[Run, dict[int, tuple[float, int]]]  # run -> {document index: (sum
 
 
 def _resampled_means(a: PerDoc, b: PerDoc, draws: int, rng):
-    """Resample the test documents: ([runs, draws] pooled mean of a, the same of b, number of documents), where a, b:
-    run -> {document index: (sum, count)} (NLL and tokens, or a metric and its query chunks); one document draw
-    serves every run and both sides; only runs and documents on both sides count. None with fewer than two
+    """Resample the test documents: ([runs, draws] pooled mean of a, the same of b, number of documents, the runs),
+    where a, b: run -> {document index: (sum, count)} (NLL and tokens, or a metric and its query chunks); one document
+    draw serves every run and both sides; only runs and documents on both sides count. None with fewer than two
     documents."""
     import numpy as np
 
@@ -313,18 +314,31 @@ def _resampled_means(a: PerDoc, b: PerDoc, draws: int, rng):
     counts = rng.multinomial(len(docs), np.full(len(docs), 1 / len(docs)), size=draws).astype(np.float64)
     sums = np.einsum("bd,sdk->sbk", counts, arr)  # [runs, draws, 4]: resampled sums and counts of both sides
     with np.errstate(invalid="ignore", divide="ignore"):
-        return sums[..., 0] / sums[..., 1], sums[..., 2] / sums[..., 3], len(docs)
+        return sums[..., 0] / sums[..., 1], sums[..., 2] / sums[..., 3], len(docs), runs
 
 
-def _over_runs(values, rng):
+def _over_runs(values, rng, runs: list):
     """[runs, draws] -> [draws]: each draw's mean over as many runs, drawn with replacement (the bootstrap's outer
-    level: run-to-run spread enters the interval). NaN values (nothing to average in that resample) are left out."""
+    level: run-to-run spread enters the interval). Runs of one seed trained again (the same command in another
+    numeric environment, or another folder) share their initial weights and data order, so they are not drawn as
+    independent: where a seed has several runs, each draw takes as many seeds with replacement and, for each seed
+    taken, as many of its runs with replacement. NaN values (nothing to average in that resample) are left out."""
     import numpy as np
 
     n_runs, draws = values.shape
-    pick = rng.integers(0, n_runs, size=(n_runs, draws))  # [runs drawn, draws]
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(np.take_along_axis(values, pick, axis=0), axis=0)
+    seed_of = [x[0] if isinstance(x, tuple) else x for x in runs]  # a Run is (seed, repeat); a bare key is its seed
+    seeds = sorted(set(seed_of))
+    if len(seeds) == n_runs:  # one run per seed
+        pick = rng.integers(0, n_runs, size=(n_runs, draws))  # [runs drawn, draws]
+        with np.errstate(invalid="ignore"):
+            return np.nanmean(np.take_along_axis(values, pick, axis=0), axis=0)
+    of_seed = [np.array([i for i, seed in enumerate(seed_of) if seed == s]) for s in seeds]
+    out = np.empty(draws)
+    for d, taken in enumerate(rng.integers(0, len(seeds), size=(draws, len(seeds)))):
+        rows = np.concatenate([rng.choice(of_seed[s], size=len(of_seed[s])) for s in taken])
+        with np.errstate(invalid="ignore"):
+            out[d] = np.nanmean(values[rows, d])
+    return out
 
 
 def _interval(values, n_docs: int) -> tuple[float, float, int] | None:
@@ -348,8 +362,8 @@ def bootstrap_ratio(num: PerDoc, den: PerDoc, draws: int = BOOTSTRAP,
     rng = np.random.default_rng(seed)
     if (r := _resampled_means(num, den, draws, rng)) is None:
         return None
-    nll_num, nll_den, n_docs = r
-    return _interval(_over_runs(np.exp(nll_num - nll_den), rng), n_docs)
+    nll_num, nll_den, n_docs, runs = r
+    return _interval(_over_runs(np.exp(nll_num - nll_den), rng, runs), n_docs)
 
 
 def bootstrap_difference(a: PerDoc, b: PerDoc, draws: int = BOOTSTRAP,
@@ -363,8 +377,8 @@ def bootstrap_difference(a: PerDoc, b: PerDoc, draws: int = BOOTSTRAP,
     rng = np.random.default_rng(seed)
     if (r := _resampled_means(a, b, draws, rng)) is None:
         return None
-    mean_a, mean_b, n_docs = r
-    return _interval(_over_runs(mean_a - mean_b, rng), n_docs)
+    mean_a, mean_b, n_docs, runs = r
+    return _interval(_over_runs(mean_a - mean_b, rng, runs), n_docs)
 
 
 def _n_docs(*sides: PerDoc) -> int:
@@ -541,8 +555,8 @@ def compare(results: list[dict[str, Any]], domain: str | None = None, step: int 
             "note": "mean ± sd over runs (n: runs; a seed trained again in another folder is one more run); gains and "
                     "vs-xl (and vs-reference) ratios are paired per run; an ordering holds only where the gap exceeds the "
                     "spread; "
-                    "[low, high]: 95% interval from resampling runs and test documents together "
-                    f"({BOOTSTRAP} draws; an interval containing 1 does not support a difference)"}
+                    "[low, high]: 95% interval from resampling runs (seeds first where a seed has several) and test "
+                    f"documents together ({BOOTSTRAP} draws; an interval containing 1 does not support a difference)"}
 
 
 def _fmt(st: tuple[float, float, int] | None, digits: int = 1, pct: bool = False, n_row: int | None = None) -> str:

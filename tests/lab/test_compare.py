@@ -288,7 +288,7 @@ def test_rows_and_markdown_carry_the_document_intervals():
     assert sem["gain_ci"][0] > 1 and sem["own_vs_random_ci"][0] > 1
     md = to_markdown(compare(rs))
     assert "own vs random" in md and f"[{sem['gain_ci'][0]:.3f}, {sem['gain_ci'][1]:.3f}]" in md
-    assert "resampling runs and test documents together" in md
+    assert "resampling runs (seeds first where a seed has several) and test documents together" in md
 
 
 def test_the_papers_figures_beside_another_corpus_are_marked_not_comparable():

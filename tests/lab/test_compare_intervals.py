@@ -138,3 +138,28 @@ def test_compare_records_the_environments_of_its_results():
                                     "isa_variables": {"ATEN_CPU_CAPABILITY": "avx2"}}]
     assert ("x86_64 (AMD EPYC; AVX2 kernels; ATEN_CPU_CAPABILITY=avx2), 2 CPUs, 1 threads"
             in to_markdown(compare(rs)))
+
+
+def test_runs_of_one_seed_are_resampled_within_their_seed_not_as_independent_runs():
+    """Three seeds, each trained again twice (in other numeric environments) to the same per-document differences:
+    the extra runs add no information, so the interval must stay as wide as with one run per seed. Drawn as nine
+    independent runs it would narrow by about sqrt(3)."""
+    counts = [4] * 6
+    gaps = {0: 0.02, 1: 0.10, 2: 0.18}  # seed-to-seed spread dominates
+
+    def side(diff: float) -> dict[int, tuple[float, int]]:
+        return per_doc([0.3 + diff] * 6, counts)
+
+    def base() -> dict[int, tuple[float, int]]:
+        return per_doc([0.3] * 6, counts)
+
+    one = bootstrap_difference({(s, 0): side(g) for s, g in gaps.items()}, {(s, 0): base() for s in gaps})
+    three = bootstrap_difference({(s, r): side(g) for s, g in gaps.items() for r in range(3)},
+                                 {(s, r): base() for s in gaps for r in range(3)})
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(three) == pytest.approx(width(one), rel=0.15)
+    assert three[0] <= 0.03 and three[1] >= 0.17  # as wide as the seeds' own spread
+    # unequal numbers of runs per seed are drawn the same way
+    uneven = bootstrap_difference({(0, 0): side(0.02), (1, 0): side(0.10), (1, 1): side(0.10), (2, 0): side(0.18)},
+                                  {(0, 0): base(), (1, 0): base(), (1, 1): base(), (2, 0): base()})
+    assert width(uneven) == pytest.approx(width(one), rel=0.15)
