@@ -672,7 +672,8 @@ def to_markdown(table: dict[str, Any]) -> str:
         against = [r for r in with_metrics if any(f"p2_vs_{w}" in r for w in AGAINST)]
         if against:
             lines += ["", "The model's P@2 minus another ranking's, in points (mean ± sd over runs; [low, high]: 95% "
-                      "interval from resampling runs and test documents together; an interval containing 0 does not "
+                      "interval from resampling runs (seeds first where a seed has several) and test documents together; an "
+                      "interval containing 0 does not "
                       "support a difference):", "", "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
                       "|---|" + "---|" * len(AGAINST)]
             for r in against:
