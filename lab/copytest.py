@@ -98,6 +98,7 @@ class CopyTestSettings:
     tokens_per_word: float = 1.0  # words=text: measured on the corpus by `text_tokenizer` (ids: exactly 1)
     # checks not expected at this size, each with the reason (`python -m lab demo`): the table marks them when they are not met
     not_expected: dict[str, str] = field(default_factory=dict)
+    chance_only: bool = False  # build the corpora, print source@1's chance levels, train nothing
 
     @property
     def longest(self) -> int:
@@ -332,6 +333,40 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
     return out
 
 
+def source_chance(root: Path, s: CopyTestSettings) -> dict[str, float]:
+    """What a retriever that knows nothing scores on source@1 over the repeat-tail chunks of the test documents
+    evaluated (the same chunks and hit rule as `evaluate_copy`): "random", the exact expected share for one chunk
+    drawn uniformly from the query's retrievable chunks; "recency", the share where the most recent retrievable chunk
+    holds the chunk to predict."""
+    from rpt.chunks import pool_size
+    from rpt.config import RPTConfig
+    from rpt.data.synthetic import CopySpec, copy_classes, run_classes
+    from rpt.training.data import open_store
+
+    M, S = RPTConfig.from_preset(s.preset).model.chunk_size, s.segment_len
+    store = open_store(root, "test")
+    spec = CopySpec(**store.manifest["corpus"]["synthetic"]) if "corpus" in store.manifest else CopySpec()
+    aligned = spec.aligned(M)
+    random, recency, tails = 0.0, 0, 0
+    for d in range(min(s.eval_docs, len(store))):
+        toks = np.asarray(store.document(d), dtype=np.int64)
+        C = len(toks) // M
+        chunks = toks[: C * M].reshape(C, M)
+        cls = copy_classes(toks, spec.passage, M) if aligned else run_classes(toks, M)
+        for t in np.nonzero(cls == 2)[0]:
+            n = int(pool_size(int(t) - 1, M, S))  # the query is chunk t - 1; its pool: chunks 0 .. n - 1
+            if n == 0:
+                continue
+            if aligned:
+                hit = [0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]) for j in range(n)]
+            else:
+                hit = [0 <= j < C - 1 and _holds(toks[j * M : (j + 2) * M], chunks[t]) for j in range(n)]
+            tails += 1
+            random += sum(hit) / n
+            recency += int(hit[-1])
+    return {"random": random / tails, "recency": recency / tails, "repeat_tail_chunks": tails} if tails else {}
+
+
 def _holds(window: np.ndarray, chunk: np.ndarray) -> bool:
     """True when `chunk` occurs contiguously in `window`."""
     n = len(chunk)
@@ -351,6 +386,11 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
         tokenizer = str(path)
         far_distance(s)  # the span must still hold the far distance in tokens
     near, far = _prepare("copy-near", s, log, tokenizer), _prepare("copy-far", s, log, tokenizer)
+    chance = source_chance(far, s)
+    if chance:
+        print(chance_line(chance), flush=True)
+    if s.chance_only:
+        return {"source_chance": chance, "commands": log}
     labels = {v: _label(far, s, log) for v in s.variants if v in ("retro", "rpt-lex")}
     oracle: Path | None = None
     if s.scorer != "near" and s.variants:  # a named scorer labels before any training
@@ -380,7 +420,8 @@ def run_copytest(s: CopyTestSettings) -> dict[str, Any]:
                          "run": str(run), "store": str(root)})
             print(format_row(runs[-1]), flush=True)
     summary = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}, "runs": runs,
-               "commands": log, "seconds": time.perf_counter() - t0, "far_distance": list(far_distance(s))}
+               "commands": log, "seconds": time.perf_counter() - t0, "far_distance": list(far_distance(s)),
+               "source_chance": chance}
     summary["verdict"] = verdict(runs, s)
     summary["path"] = str(summary_path(s))
     write_json_atomic(Path(summary["path"]), summary)
@@ -523,10 +564,17 @@ def format_table(summary: dict[str, Any]) -> str:
             lines.append(f"  {k:<36} {val[0]:6.2f}x ± {val[1]:.2f}")
         elif isinstance(val, (list, tuple)):
             lines.append(f"  {k:<36} {val[0]:+.3f} ± {val[1]:.3f}")
+    if any("source@1" in k for k in v) and summary.get("source_chance"):
+        lines.append("  " + chance_line(summary["source_chance"]))
     lines.append("checks:")
     lines += check_lines(v)
     lines.append(verdict_line(v))
     return "\n".join(lines)
+
+
+def chance_line(chance: dict[str, float]) -> str:
+    return (f"source@1 of a retriever that knows nothing (repeat-tail chunks of the far test documents): random "
+            f"{100 * chance['random']:.1f}%, recency {100 * chance['recency']:.1f}%")
 
 
 def check_lines(v: dict[str, Any]) -> list[str]:

@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "chunk (c_q alone, as at inference)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--chance-only", action="store_true",
+                   help="build the corpora, print what a retriever that knows nothing scores on source@1 (random and "
+                        "recency), and train nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                          scorer=args.scorer,
                          progress=not args.no_progress,
                          model_overrides=overrides, label_query=args.label_query, passage=passage,
-                         passage_max=passage_max, words=args.words, vocab=args.vocab, tokenizer=args.tokenizer)
+                         passage_max=passage_max, words=args.words, vocab=args.vocab, tokenizer=args.tokenizer,
+                         chance_only=args.chance_only)
     try:
         if s.words == "text":
             from lab.copytest import text_tokenizer
@@ -138,5 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from rpt.outputs import mark_folder
 
     mark_folder(args.out, COPYTEST)
+    if s.chance_only:
+        return 0
     print(f"wrote {summary['path']}")
     return 0 if summary["verdict"]["passed"] else 1

@@ -244,3 +244,37 @@ def test_a_gain_that_random_chunks_of_the_document_give_too_is_not_reading():
     assert reads["retro far ppl gain, random chunks"][0] == pytest.approx(np.exp(0.4))
     # a summary recorded before the control existed keeps its checks
     assert name not in verdict(xl + [run("far", "retro", 1.5)], s)["checks"]
+
+
+def test_chance_only_prints_what_a_retriever_that_knows_nothing_scores_and_trains_nothing(tmp_path, capsys):
+    out = tmp_path / "ct"
+    assert main(["copytest", "--out", str(out), "--seq-len", "1024", "--segment-len", "64", "--eval-docs", "16",
+                 "--steps", "2", "--batch-size", "1", "--chance-only", "--no-progress"]) == 0
+    line = capsys.readouterr().out
+    assert "source@1 of a retriever that knows nothing" in line and not (out / "runs").exists()
+    from lab.copytest import source_chance
+    from rpt.data.synthetic import CopySpec, copy_classes
+    from rpt.eval.perplexity import random_neighbors
+    from rpt.training.data import open_store
+
+    s = CopyTestSettings(out=out, seq_len=1024, segment_len=64, eval_docs=16, steps=2, batch_size=1)
+    root = next(p for p in (out / "stores").iterdir() if p.name.startswith("copy-far"))
+    chance = source_chance(root, s)
+    assert chance["recency"] == 0.0  # far sources lie passages back, never in the chunk just before the query's segment
+    # the exact expectation against what uniformly drawn chunks (rpt eval's random neighbours, column 0) hit
+    store = open_store(root, "test")
+    spec = CopySpec(**store.manifest["corpus"]["synthetic"])
+    assert spec.aligned(64)  # a hit: the neighbour's continuation is the chunk to predict
+    hits = tails = 0
+    for d in range(16):
+        toks = np.asarray(store.document(d), dtype=np.int64)
+        C = len(toks) // 64
+        for draw in range(20):
+            nb = random_neighbors(C, 64, 64, 1, doc=1000 * draw + d)
+            for t in np.nonzero(copy_classes(toks, spec.passage, 64) == 2)[0]:
+                j = int(nb[t - 1, 0])
+                if j >= 0:
+                    tails += 1
+                    hits += int(j < C - 1 and np.array_equal(toks[(j + 1) * 64 : (j + 2) * 64], toks[t * 64 : (t + 1) * 64]))
+    assert chance["repeat_tail_chunks"] * 20 == tails
+    assert abs(hits / tails - chance["random"]) < 0.03 and 0 < chance["random"] < 0.5
