@@ -16,8 +16,10 @@ alone on the machine. `loss_chunk=0` measures the full-logit loss (the default i
 
 `saved=1` checks the estimate's layer and retrieval terms alone against what autograd keeps for backward, counted with
 saved-tensor hooks (`rpt.training.footprint.saved_tensor_bytes`, one training forward on the CPU, no peak RSS): the
-table of speed.md's step-memory section. `attn_dropout=P,Q` runs each value (the CPU takes the math attention path
-whenever P > 0, the fused one at 0).
+table of speed.md's step-memory section. The logits term is left out, so give the chunked loss (`loss_chunk=1024`)
+where the preset's is the full-logit one (tiny): the hooks would count the [B, T, V] logits too. `attn_dropout=P,Q`
+runs each value (the CPU takes the math attention path whenever P > 0, the fused one at 0); it is read only with
+`saved=1`, as `repeat` and `device` only without it.
 
 `repeat=N` measures each config N times (fresh processes) and reports the smallest and largest peak: on glibc the
 peak RSS of one config varies from run to run with the allocator's dynamic mmap threshold (memorizing, 2 x 8,192

@@ -286,9 +286,10 @@ def environment() -> dict[str, Any]:
 
 def note_environment(entries: list[dict[str, Any]], key: str, at: int) -> bool:
     """Append ``{key: at, **environment()}`` to `entries` (where a run's work ran, one entry per stretch, oldest first)
-    unless the last entry, `key` aside, is this environment already. True if an entry was added."""
+    unless the last entry, `key` aside, is this environment already (compared on the fields that entry records, so
+    an entry written before a field was recorded does not count as another environment). True if an entry was added."""
     here = environment()
-    if entries and {k: v for k, v in entries[-1].items() if k != key} == here:
+    if entries and all(here.get(k) == v for k, v in entries[-1].items() if k != key):
         return False
     entries.append({key: at, **here})
     return True

@@ -455,7 +455,7 @@ def run_eval(checkpoint: str | Path | None, store: Any, settings: EvalConfig | N
     of loading `checkpoint` (which may then be None). Layout of the result::
 
         {"format_version": 1, "checkpoint": str, "step": int | None, "config": RPTConfig as a dict,
-         "environment": {"machine", "cpu", "cpu_count", "gpu", "threads", "torch", "python", "rpt", "platform"},
+         "environment": rpt.utils.environment() (machine, CPU and its kernels, GPU, threads, versions),
          "train_environments": [{"from_step", **environment}]  (the checkpoint's, see rpt.checkpoint),
          "eval": {"store", "split", "n_neighbors", "source", "memory", "labels", "max_documents", "device",
                   "world_size", "tokenizer_checked", "per_chunk", "baseline", "bm25_statistics", "precision",

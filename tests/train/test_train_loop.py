@@ -101,12 +101,20 @@ def test_the_environment_names_the_kernels_and_what_overrode_them(monkeypatch):
     a training run another draw: the environment tells them apart."""
     import rpt.utils
 
+    for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AVX2")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     e = rpt.utils.environment()
-    assert e["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(e["cpu_capability"], str) and e["cpu_capability"]  # torch's own name for its kernels
     assert e["isa_variables"] == {"MKL_CBWR": "AVX2"}
     assert set(e["cpu_flags"]) <= {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile"}
+    # an entry written before these fields were recorded is the same environment, not a new stretch
+    old = [{"from_step": 0, **{k: v for k, v in e.items() if k not in ("cpu_flags", "cpu_capability", "isa_variables")}}]
+    monkeypatch.setattr(rpt.utils, "environment", lambda: e)
+    assert not rpt.utils.note_environment(old, "from_step", 10) and len(old) == 1
+    e2 = {**e, "threads": e["threads"] + 1}
+    monkeypatch.setattr(rpt.utils, "environment", lambda: e2)
+    assert rpt.utils.note_environment(old, "from_step", 30) and old[-1]["from_step"] == 30
 
 
 def test_gradient_accumulation_equals_one_big_batch(corpus):
