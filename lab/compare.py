@@ -672,9 +672,9 @@ def to_markdown(table: dict[str, Any]) -> str:
         against = [r for r in with_metrics if any(f"p2_vs_{w}" in r for w in AGAINST)]
         if against:
             lines += ["", "The model's P@2 minus another ranking's, in points (mean ± sd over runs; [low, high]: 95% "
-                      "interval from resampling runs (seeds first where a seed has several) and test documents together; an "
-                      "interval containing 0 does not "
-                      "support a difference):", "", "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
+                      "interval from resampling runs (seeds first where a seed has several) and test documents "
+                      "together; an interval containing 0 does not support a difference):", "",
+                      "| retriever | " + " | ".join(f"− {FIXED_NAMES[w]}" for w in AGAINST) + " |",
                       "|---|" + "---|" * len(AGAINST)]
             for r in against:
                 cells = [_fmt(r.get(f"p2_vs_{w}"), pct=True) + _ci_points(r.get(f"p2_vs_{w}_ci")) for w in AGAINST]

@@ -316,14 +316,9 @@ def evaluate_copy(run: Path, root: Path, sources: list[str], n_docs: int,
                 nll[c] += ev.chunk_nll[:C][m].sum()
                 cnt[c] += ev.chunk_tokens[:C][m].sum()
             if ev.neighbors is not None and src != "none":
-                chunks = toks[: C * M].reshape(C, M)
                 for t in np.nonzero(cls == 2)[0]:
-                    j = int(ev.neighbors[t - 1, 0])
                     tails += 1
-                    if aligned:
-                        hits += int(0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]))
-                    else:  # the neighbour (c_j, c_j+1) holds the chunk to predict, at whatever offset
-                        hits += int(0 <= j < C - 1 and _holds(toks[j * M : (j + 2) * M], chunks[t]))
+                    hits += int(_is_source(toks, M, int(ev.neighbors[t - 1, 0]), int(t), aligned))
         row = {name: float(nll[c] / cnt[c]) if cnt[c] else float("nan") for c, name in enumerate(CLASSES)}
         row["all"] = float(total[0] / total[1])
         row["advantage"] = row["fresh"] - row["repeat-tail"]
@@ -350,21 +345,28 @@ def source_chance(root: Path, s: CopyTestSettings) -> dict[str, float]:
     random, recency, tails = 0.0, 0, 0
     for d in range(min(s.eval_docs, len(store))):
         toks = np.asarray(store.document(d), dtype=np.int64)
-        C = len(toks) // M
-        chunks = toks[: C * M].reshape(C, M)
         cls = copy_classes(toks, spec.passage, M) if aligned else run_classes(toks, M)
         for t in np.nonzero(cls == 2)[0]:
             n = int(pool_size(int(t) - 1, M, S))  # the query is chunk t - 1; its pool: chunks 0 .. n - 1
             if n == 0:
                 continue
-            if aligned:
-                hit = [0 <= j < C - 1 and np.array_equal(chunks[j + 1], chunks[t]) for j in range(n)]
-            else:
-                hit = [0 <= j < C - 1 and _holds(toks[j * M : (j + 2) * M], chunks[t]) for j in range(n)]
+            hit = [_is_source(toks, M, j, int(t), aligned) for j in range(n)]
             tails += 1
             random += sum(hit) / n
             recency += int(hit[-1])
     return {"random": random / tails, "recency": recency / tails, "repeat_tail_chunks": tails} if tails else {}
+
+
+def _is_source(toks: np.ndarray, M: int, j: int, t: int, aligned: bool) -> bool:
+    """Whether neighbour j (chunk j with its continuation j + 1) gives chunk t to copy: on an aligned corpus its
+    continuation is chunk t itself, off the grid it holds chunk t at whatever offset."""
+    C = len(toks) // M
+    if not 0 <= j < C - 1:
+        return False
+    chunk = toks[t * M : (t + 1) * M]
+    if aligned:
+        return bool(np.array_equal(toks[(j + 1) * M : (j + 2) * M], chunk))
+    return _holds(toks[j * M : (j + 2) * M], chunk)
 
 
 def _holds(window: np.ndarray, chunk: np.ndarray) -> bool:
