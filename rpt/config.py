@@ -81,6 +81,9 @@ class CCAConfig:
     ov_init: Literal["random", "identity"] = "identity"
     ov_scale: float = 0.05  # that identity's scale: how much of a read neighbour state the first update adds
     positions: bool = True  # rotary positions in CCA (neighbour token k at k, query offset u at M - 1 + u)
+    # what CCA's queries are made from: the reading token's state in the layer that holds CCA (the paper's) | its
+    # lower-decoder state, the space the neighbours' keys come from (docs/retrofit.md#the-query-of-chunked-cross-attention)
+    query: Literal["upper", "lower"] = "upper"
 
 
 @dataclass

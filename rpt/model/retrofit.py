@@ -61,13 +61,13 @@ class RetrofitLayer(nn.Module):
         self.register_buffer("sink_v", None, persistent=False)
 
     def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighborKV | None = None,
-                start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
-        """x [B, T, D] (tokens start .. start + T - 1) -> [B, T, D]."""
+                start: int = 0, cache: KVCache | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] (tokens start .. start + T - 1) -> [B, T, D]; query as RPT's DecoderLayer."""
         layer = self.layer
         sink = None if self.sink_k is None else (self.sink_k, self.sink_v)
         x = x + self.attn(layer.input_layernorm(x), *rot, self.segment_len, cache, sink, self.rope)
         if self.cca is not None and nkv is not None:
-            x = x + self.cca(self.cca_norm(x), nkv, start)
+            x = x + self.cca(self.cca_norm(x if query is None else query), nkv, start)
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
 

@@ -79,14 +79,16 @@ class DecoderLayer(nn.Module):
         self.segment_len = cfg.segment_len
 
     def forward(self, x: torch.Tensor, rot: tuple[torch.Tensor, torch.Tensor], nkv: NeighborKV | None = None,
-                start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+                start: int = 0, cache: KVCache | None = None, query: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, D] (tokens start .. start + T - 1) -> [B, T, D]. query [B, T, D]: the states CCA's queries are
+        made from (model.cca.query = lower: the same tokens' lower-decoder states); None: x."""
         h = self.attn_norm(x)
         if cache is None:
             x = x + self.attn(h, *rot, self.segment_len)
         else:
             x = x + self.attn.step(h, *rot, cache, self.segment_len)
         if self.cca is not None and nkv is not None:
-            x = x + self.cca(self.cca_norm(x), nkv, start)
+            x = x + self.cca(self.cca_norm(x if query is None else query), nkv, start)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -310,8 +312,9 @@ class RPT(TiedLM, nn.Module):
             # block r uses chunk r-1's neighbours: prepend an empty row for block 0 (tokens 0..M-2 see only the null)
             nkv = row.shifted()
             out.neighbor_ids = chosen[:, : T // M]
+        query = x if nkv is not None and cfg.cca.query == "lower" else None
         for layer in self.upper:
-            x = self._run_layer(layer, x, rot, nkv, 0)
+            x = self._run_layer(layer, x, rot, nkv, 0, None, query)
         out.logits, out.lm = self._lm_head(x, input_ids, loss_chunk, loss_mask, labels)
         if labels is not None:
             out.loss = mean_loss(out.lm)
@@ -391,8 +394,9 @@ class RPT(TiedLM, nn.Module):
                 cache.last_row = row.rows(slice(-1, None))
             # rows cover chunks c0-1 .. c0+nc-1, i.e. blocks c0 .. c0+nc
             nkv = NeighborKV.cat(rows, first_block=c0)
+        query = x if nkv is not None and cfg.cca.query == "lower" else None
         for layer, lc in zip(self.upper, cache.layers[cfg.n_lower :], strict=True):
-            x = layer(x, rot, nkv, p0, cache=lc)
+            x = layer(x, rot, nkv, p0, cache=lc, query=query)
         out.logits = self._logits(x)
         cache.pos += n
         return out

@@ -135,7 +135,7 @@ def test_retrieval_respects_the_retrievable_set():
     assert torch.equal(out.neighbor_ids[:, 10], best)
 
 
-CCA_OPTIONS = [{}, {"cca.rel_bias": False, "cca.shift_values": False},
+CCA_OPTIONS = [{}, {"cca.rel_bias": False, "cca.shift_values": False, "cca.query": "lower"},
                {"cca.positions": False, "gate.on": "states", "cca.context_norm": False}]
 
 
@@ -166,6 +166,33 @@ def test_cached_step_equals_full_forward(variant, gate, opts):
     if variant != "xl":
         step_ids = torch.cat([p.neighbor_ids for p in parts if p.neighbor_ids is not None], 1)
         assert torch.equal(step_ids, full.neighbor_ids[:, : step_ids.shape[1]])
+
+
+@pytest.mark.parametrize("variant", ["retro", "rpt-sem"])
+def test_cca_query_from_lower_states(variant):
+    """model.cca.query=lower: every CCA layer's queries are made from the reading tokens' lower-decoder states (the
+    input of its cca_norm is the last lower layer's output), in the full forward and in cached steps; upper: from
+    the layer's own residual, which differs."""
+    x = torch.randint(0, V, (1, T))
+    nb = supplied_ids(1, T // M)
+    outs = {}
+    for query in ("upper", "lower"):
+        model = make(variant, **{"cca.query": query})
+        events: list[tuple[str, torch.Tensor]] = []  # in call order: each CCA input follows its lower output
+        model.lower[-1].register_forward_hook(lambda m, a, out, events=events: events.append(("lower", out)))
+        for layer in model.upper:
+            if layer.cca is not None:
+                layer.cca_norm.register_forward_hook(lambda m, a, out, events=events: events.append(("cca", a[0])))
+        outs[query] = model(x, neighbor_ids=nb).logits
+        cache = model.new_cache()
+        for i in range(0, T, 96):
+            model.step(x[:, i : i + 96], cache, neighbor_ids=nb)
+        assert sum(kind == "cca" for kind, _ in events) > 2
+        for n, (kind, h) in enumerate(events):
+            if kind == "cca":
+                lower = next(t for k, t in reversed(events[:n]) if k == "lower")
+                assert (h.shape == lower.shape and torch.equal(h, lower)) == (query == "lower")
+    assert not torch.allclose(outs["upper"], outs["lower"])
 
 
 def test_cached_step_equals_full_with_scheduled_sampling():

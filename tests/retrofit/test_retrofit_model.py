@@ -7,6 +7,7 @@ import pytest
 import torch
 from retrofit_helpers import perturb_new_parts, retrofit_config, tiny_llama
 
+from rpt.config import CCAConfig
 from rpt.model.retrofit import RetrofitRPT
 
 S = 16  # segment length of retrofit_config
@@ -93,9 +94,9 @@ def test_no_token_at_or_after_t_reaches_a_logit_before_t(t):
     assert not torch.allclose(a.logits, none.logits, atol=1e-4), "the neighbours must matter for this test to mean anything"
 
 
-@pytest.mark.parametrize("piece", [S, 5])
-def test_step_with_a_cache_computes_what_forward_computes(piece):
-    model, _ = build()
+@pytest.mark.parametrize("piece, query", [(S, "upper"), (5, "upper"), (5, "lower")])
+def test_step_with_a_cache_computes_what_forward_computes(piece, query):
+    model, _ = build(cca=CCAConfig(query=query))
     perturb_new_parts(model)
     x = torch.randint(0, 256, (1, 6 * S))
     with torch.no_grad():
