@@ -73,6 +73,7 @@ def old_layout(config: dict) -> dict:
             d[section][name] = d[new_section][path[0]].pop(path[1])
         else:
             d[section][name] = d[new_section][path[0]]
+    d["model"]["cca"].pop("query")  # added after the flat layout was given up: such a config never had it
     for sub in ("cca", "memorizing", "block_recurrent", "griffin"):
         assert not d["model"].pop(sub)
     d["model"]["gate"] = d["model"]["gate"]["kind"]

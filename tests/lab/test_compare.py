@@ -169,7 +169,7 @@ def test_fields_a_variant_never_reads_and_changed_defaults_do_not_split_a_settin
     stays apart from a retro run with the prior; an automatic q/k std (0) equals the explicit 0.1 it resolves to."""
     def old(r):  # a config written before the copy prior's fields existed
         model = r["config"]["model"]
-        for key in ("qk_init", "ov_init", "qk_match_std"):
+        for key in ("qk_init", "ov_init", "qk_match_std", "query"):
             model["cca"].pop(key)
         model.update({f"cca_{k}": v for k, v in model.pop("cca").items()})  # and flat, as rpt wrote it then
         model.update({"gate": model["gate"]["kind"], "gate_eta": model["gate"]["eta"], "gate_on": model["gate"]["on"]})
