@@ -88,29 +88,23 @@ def _region_sums(path: str) -> list[dict[str, tuple[float, int]]]:
     return docs
 
 
-def _ratio(a: list[dict], b: list[dict], region: str, rng: random.Random, draws: int = 2000) -> dict[str, float]:
-    """Perplexity of a over b's on one region, pooled over documents, with a 95% interval from resampling them."""
-    def value(idx: list[int]) -> float:
-        return math.exp(sum(a[i][region][0] for i in idx) / sum(a[i][region][1] for i in idx)
-                        - sum(b[i][region][0] for i in idx) / sum(b[i][region][1] for i in idx))
+def _ratio(num: list[list[dict]], den: list[list[dict]], region: str) -> dict[str, float]:
+    """exp(sum of num's region NLL - sum of den's) / tokens: each side a list of results (per document) whose NLL is
+    added, scored on the same tokens; with one result a side, ppl(num) / ppl(den). The 95% interval resamples the
+    documents (`lab.compare.bootstrap_ratio`, one run)."""
+    from lab.compare import bootstrap_ratio
 
-    n = len(a)
-    boot = sorted(value([rng.randrange(n) for _ in range(n)]) for _ in range(draws))
-    return {"ratio": value(list(range(n))), "low": boot[int(0.025 * draws)], "high": boot[int(0.975 * draws) - 1]}
+    tokens = [d[region][1] for d in num[0]]
+    if any([d[region][1] for d in r] != tokens for r in num + den):
+        sys.exit("results compared per document must score the same tokens (the same test split and store)")
 
+    def per_doc(side: list[list[dict]]) -> dict[int, tuple[float, int]]:
+        return {i: (sum(r[i][region][0] for r in side), n) for i, n in enumerate(tokens)}
 
-def _ratio_of_ratios(a_r: list[dict], a_b: list[dict], b_r: list[dict], b_b: list[dict], region: str,
-                     rng: random.Random, draws: int = 2000) -> dict[str, float]:
-    """(a_r over a_b) over (b_r over b_b) on one region, documents resampled (the same draw for all four)."""
-    def log_ppl(x: list[dict], idx: list[int]) -> float:
-        return sum(x[i][region][0] for i in idx) / sum(x[i][region][1] for i in idx)
-
-    def value(idx: list[int]) -> float:
-        return math.exp(log_ppl(a_r, idx) - log_ppl(a_b, idx) - log_ppl(b_r, idx) + log_ppl(b_b, idx))
-
-    n = len(a_r)
-    boot = sorted(value([rng.randrange(n) for _ in range(n)]) for _ in range(draws))
-    return {"ratio": value(list(range(n))), "low": boot[int(0.025 * draws)], "high": boot[int(0.975 * draws) - 1]}
+    a, b = per_doc(num), per_doc(den)
+    ratio = math.exp((sum(v for v, _ in a.values()) - sum(v for v, _ in b.values())) / sum(n for _, n in a.values()))
+    low, high, _ = bootstrap_ratio({0: a}, {0: b})
+    return {"ratio": ratio, "low": low, "high": high}
 
 
 def summary(results: list[str], out: str | None, against: str | None = None) -> None:
@@ -124,7 +118,6 @@ def summary(results: list[str], out: str | None, against: str | None = None) -> 
     print(f"{'result':32} {'fresh 1-9':>10} {'repeat 11-14':>13} {'all':>8}")
     for name, v in table.items():
         print(f"{name:32} {v['fresh']['perplexity']:10.3f} {v['repeat']['perplexity']:13.3f} {v['all']['perplexity']:8.3f}")
-    rng = random.Random(0)
     controls = {}
     for name in rows:
         run, _, source = name.rpartition("-")
@@ -132,7 +125,7 @@ def summary(results: list[str], out: str | None, against: str | None = None) -> 
             continue
         for other in ("random", "none"):
             if f"{run}-{other}" in rows:
-                r = _ratio(rows[f"{run}-{other}"], rows[name], "repeat", rng)
+                r = _ratio([rows[f"{run}-{other}"]], [rows[name]], "repeat")
                 controls[f"{run}: {other} / bm25"] = r
                 print(f"{run}: repeats, {other} over BM25's neighbours {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
                       f"({len(rows[name])} documents resampled)")
@@ -141,7 +134,7 @@ def summary(results: list[str], out: str | None, against: str | None = None) -> 
             names = [f"{r}-{src}" for r in (run, against) for src in ("random", "bm25")]
             if all(n in rows for n in names):
                 a_r, a_b, b_r, b_b = (rows[n] for n in names)
-                r = _ratio_of_ratios(a_r, a_b, b_r, b_b, "repeat", rng)
+                r = _ratio([a_r, b_b], [a_b, b_r], "repeat")  # (a_r / a_b) / (b_r / b_b), paired by document
                 controls[f"{run} against {against}: (random / bm25) over (random / bm25)"] = r
                 print(f"{run} against {against}: repeats, random over BM25's, the one over the other's {r['ratio']:.3f} "
                       f"[{r['low']:.3f}, {r['high']:.3f}]")
@@ -163,35 +156,37 @@ def similarity(backbone: str, store: str, documents: int, segment_len: int, lowe
     import numpy as np
     import torch
 
-    from rpt.config import ModelConfig
+    from rpt.config import RPTConfig
     from rpt.data.store import open_split
-    from rpt.model.backbone import describe, load_backbone
     from rpt.model.retrofit import RetrofitRPT
+    from rpt.retrofit import backbone_fields
 
-    hf = load_backbone(backbone)
-    shape = describe(hf)
-    cfg = ModelConfig(variant="retro", backbone=backbone, vocab_size=shape["vocab_size"], d_model=shape["d_model"],
-                      n_layers=shape["n_layers"], n_heads=shape["n_heads"], mlp_hidden=shape["mlp_hidden"],
-                      segment_len=segment_len, backbone_lower=lower, cca_layers=[upper], dropout=0.0)
-    model = RetrofitRPT(cfg, seed=0, backbone=hf).eval()
+    fields = {k.removeprefix("model."): v for k, v in backbone_fields(backbone, lower, [upper]).items()}
+    cfg = RPTConfig.from_preset("tiny", variant="retro", segment_len=segment_len, dropout=0.0, backbone_lower=lower,
+                                **fields).model
+    model = RetrofitRPT(cfg, seed=0).eval()
     states: dict[int, torch.Tensor] = {}
     for i in (lower - 1, upper - 1):
         model.layers[i].register_forward_hook(lambda m, a, out, i=i: states.__setitem__(i, out[0]))
     split = open_split(store, "test")
+    sources = FRESH * PASSAGE  # the fresh passages, which the repeats copy
+    first, end = REPEAT_CHUNKS[0] * cfg.chunk_size, (REPEAT_CHUNKS[-1] + 1) * cfg.chunk_size
     sums = {"lower": [[], []], "upper": [[], []]}
     for d in range(min(documents, len(split))):
-        tokens = np.array(split.document(d))
+        tokens = np.array(split.document(d), dtype=np.int64)
+        pairs = []  # (repeated token, the same token at its source: the 4 tokens ending there match)
+        for t in range(first, min(len(tokens), end)):
+            j = next((j for j in range(3, sources) if (tokens[j - 3: j + 1] == tokens[t - 3: t + 1]).all()), None)
+            if j is not None:
+                pairs.append((t, j))
         with torch.no_grad():
-            model(torch.as_tensor(tokens[None], dtype=torch.long), neighbor_ids=torch.full((1, len(tokens) // 64, 1), -1))
+            model(torch.as_tensor(tokens[None]), neighbor_ids=torch.full((1, len(tokens) // cfg.chunk_size, 1), -1))
         src = torch.nn.functional.normalize(states[lower - 1], dim=-1)
         for name, layer in (("lower", lower - 1), ("upper", upper - 1)):
             q = torch.nn.functional.normalize(states[layer], dim=-1)
-            for t in range(704, min(len(tokens), 960)):
-                hits = [j for j in range(3, 384) if (tokens[j - 3: j + 1] == tokens[t - 3: t + 1]).all()]
-                if hits:
-                    j = hits[0]
-                    sums[name][0].append(float(q[t] @ src[j]))
-                    sums[name][1].append(float(q[t] @ src[(j + 17) % 384]))
+            for t, j in pairs:
+                sums[name][0].append(float(q[t] @ src[j]))
+                sums[name][1].append(float(q[t] @ src[(j + 17) % sources]))
     out = {k: {"same_token": float(np.mean(v[0])), "other_token": float(np.mean(v[1])), "pairs": len(v[0])}
            for k, v in sums.items()}
     for k, v in out.items():

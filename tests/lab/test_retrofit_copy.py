@@ -45,6 +45,11 @@ def test_summary_regions_and_control_ratios(tmp_path, capsys, benchmark_script):
     paired = got["repeat_ratios"]["a against b: (random / bm25) over (random / bm25)"]
     assert paired["ratio"] == pytest.approx(math.exp(0.5))
     assert "a against b" in capsys.readouterr().out
+    short = {"chunks": {"nll": [64.0] * 16, "tokens": [64] * 14 + [32, 64]}}  # a repeat chunk of another length
+    (tmp_path / "d-bm25.json").write_text(json.dumps({"documents": [short, short]}))
+    write_result(tmp_path / "d-random.json", [base, base])
+    with pytest.raises(SystemExit, match="the same tokens"):
+        mod.main(["summary", str(tmp_path / "d-bm25.json"), str(tmp_path / "d-random.json")])
     (tmp_path / "c-bm25.json").write_text(json.dumps({"documents": [{}]}))
     with pytest.raises(SystemExit, match="no per-chunk data"):
         mod.main(["summary", str(tmp_path / "c-bm25.json")])
